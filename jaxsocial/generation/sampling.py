@@ -1,0 +1,113 @@
+"""The sampling distribution: grammar mask, temperature, top-k, top-p; and its log-probs.
+
+`sampling_logits` defines the distribution a token is drawn from; `sample` draws from it and
+`token_logprobs` scores given tokens under it. The generator and the PPO update both call these
+functions, so a freshly generated batch has a PPO ratio of exactly 1.
+
+Excluded tokens get a large finite negative logit (not -inf) so gradients stay finite when a
+token falls outside the kept set of an updated policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+NEG_INF = -1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """How to decode. Hashable: it is a static argument of the compiled generate step.
+
+    max_new_tokens: response length N (the output arrays are [B, N]).
+    temperature: 0.0 means greedy (argmax); log-probs are then reported at temperature 1.
+    top_k: keep the k most likely tokens (0 = off). top_p: nucleus mass (1.0 = off).
+    stop_token_ids: a row stops after emitting any of these (the stop token is kept, masked 1).
+    prompt_bucket: prompts are left-padded up to a multiple of this (power of two if 0).
+    """
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    stop_token_ids: Tuple[int, ...] = ()
+    prompt_bucket: int = 64
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.prompt_bucket < 0:
+            raise ValueError(f"prompt_bucket must be >= 0, got {self.prompt_bucket}")
+        stops = self.stop_token_ids
+        if isinstance(stops, int):
+            stops = (stops,)
+        object.__setattr__(self, "stop_token_ids", tuple(int(s) for s in stops))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def sampling_logits(logits: Array, config: SamplingConfig,
+                    allowed: Optional[Array] = None) -> Array:
+    """logits [..., V] -> float32 logits whose softmax is the sampling distribution.
+
+    Order: grammar mask (`allowed [..., V]` bool) -> divide by temperature -> top-k -> top-p.
+    """
+    x = logits.astype(jnp.float32)
+    if allowed is not None:
+        x = jnp.where(allowed, x, NEG_INF)
+    if not config.greedy:
+        x = x / config.temperature
+    vocab = x.shape[-1]
+    if 0 < config.top_k < vocab:
+        kth = jax.lax.top_k(x, config.top_k)[0][..., -1:]
+        x = jnp.where(x >= kth, x, NEG_INF)
+    if config.top_p < 1.0:
+        sorted_x = jnp.sort(x, axis=-1)[..., ::-1]
+        probs = jax.nn.softmax(sorted_x, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        # Smallest kept logit: the last sorted entry whose preceding mass is still < top_p.
+        keep = mass_before < config.top_p
+        threshold = jnp.min(jnp.where(keep, sorted_x, jnp.inf), axis=-1, keepdims=True)
+        x = jnp.where(x >= threshold, x, NEG_INF)
+    return x
+
+
+def log_probs(logits: Array, config: SamplingConfig, allowed: Optional[Array] = None) -> Array:
+    """Log of the sampling distribution [..., V] float32."""
+    return jax.nn.log_softmax(sampling_logits(logits, config, allowed), axis=-1)
+
+
+def token_logprobs(logits: Array, tokens: Array, config: SamplingConfig,
+                   allowed: Optional[Array] = None) -> Array:
+    """Log-prob of `tokens [B, T]` under the sampling distribution of `logits [B, T, V]`.
+
+    Returns [B, T] float32. `allowed [B, T, V]` is the grammar mask in force at each step.
+    """
+    lp = log_probs(logits, config, allowed)
+    return jnp.take_along_axis(lp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def sample(key: Array, logits: Array, config: SamplingConfig,
+           allowed: Optional[Array] = None) -> Tuple[Array, Array]:
+    """Draw one token per row. logits [B, V] -> (tokens [B] int32, logprobs [B] float32)."""
+    x = sampling_logits(logits, config, allowed)
+    if config.greedy:
+        tokens = jnp.argmax(x, axis=-1).astype(jnp.int32)
+    else:
+        tokens = jax.random.categorical(key, x, axis=-1).astype(jnp.int32)
+    lp = jax.nn.log_softmax(x, axis=-1)
+    return tokens, jnp.take_along_axis(lp, tokens[:, None], axis=-1)[:, 0]

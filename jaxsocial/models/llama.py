@@ -1,0 +1,433 @@
+"""Llama-3 family in Flax NNX: RMSNorm, RoPE (+ llama3 scaling), GQA, SwiGLU, explicit KV cache.
+
+Shapes: B batch, T new tokens, S cache slots, H hidden, N query heads, K kv heads, D head dim,
+G = N // K query heads per kv head, V vocab, L layers.
+
+The forward pass takes left-padded batches. Positions come from the attention mask
+(`cumsum(mask) - 1`, continued from the cache), so a padded row gives the same logits as the
+same sequence alone. Every parameter carries logical axis names (`sharding_names`) that
+`jaxsocial.train.sharding` maps onto a mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import chex
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Array = jax.Array
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+
+
+def as_dtype(name: Union[str, Any]) -> Any:
+    """'bfloat16' | jnp.bfloat16 -> jnp dtype, with a clear error for anything else."""
+    if isinstance(name, str):
+        if name not in _DTYPES:
+            raise ValueError(f"unsupported dtype {name!r}; expected one of {sorted(_DTYPES)}")
+        return _DTYPES[name]
+    return jnp.dtype(name).type
+
+
+def dtype_name(dtype: Any) -> str:
+    return jnp.dtype(dtype).name
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+    """Architecture + numerics of a Llama-3 family model (field names follow HF's LlamaConfig).
+
+    `rope_scaling` is stored as a sorted tuple of (key, value) pairs so the config stays
+    hashable (it is a static argument under jit); pass a dict, read `rope_scaling_dict`.
+    """
+
+    vocab_size: int = 128256
+    hidden_size: int = 4096
+    intermediate_size: int = 14336
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int = 8
+    head_dim: Optional[int] = None
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    rope_scaling: Any = None
+    max_position_embeddings: int = 8192
+    tie_word_embeddings: bool = False
+    bos_token_id: Optional[int] = 128000
+    eos_token_id: Any = 128001
+    pad_token_id: Optional[int] = None
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(
+                    f"hidden_size={self.hidden_size} is not divisible by "
+                    f"num_attention_heads={self.num_attention_heads}; set head_dim explicitly")
+            set_("head_dim", self.hidden_size // self.num_attention_heads)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        if isinstance(self.rope_scaling, Mapping):
+            set_("rope_scaling", tuple(sorted(
+                (k, tuple(v) if isinstance(v, list) else v) for k, v in self.rope_scaling.items())))
+        if isinstance(self.eos_token_id, list):
+            set_("eos_token_id", tuple(self.eos_token_id))
+        for name in ("dtype", "param_dtype"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                set_(name, dtype_name(value))
+            as_dtype(getattr(self, name))  # validates
+        rope_type = self.rope_type
+        if rope_type not in _SUPPORTED_ROPE_TYPES:
+            raise ValueError(
+                f"unsupported rope type {rope_type!r}; supported: {_SUPPORTED_ROPE_TYPES}")
+
+    @property
+    def rope_scaling_dict(self) -> Optional[dict]:
+        return None if self.rope_scaling is None else dict(self.rope_scaling)
+
+    @property
+    def rope_type(self) -> str:
+        rs = self.rope_scaling_dict
+        if not rs:
+            return "default"
+        return rs.get("rope_type", rs.get("type", "default"))
+
+    @property
+    def eos_token_ids(self) -> tuple:
+        eos = self.eos_token_id
+        if eos is None:
+            return ()
+        return tuple(eos) if isinstance(eos, (tuple, list)) else (int(eos),)
+
+    def replace(self, **kw) -> "LlamaConfig":
+        return dataclasses.replace(self, **kw)
+
+    def num_params(self) -> int:
+        h, i, v, d = self.hidden_size, self.intermediate_size, self.vocab_size, self.head_dim
+        attn = h * d * (self.num_attention_heads * 2 + self.num_key_value_heads * 2)
+        layer = attn + 3 * h * i + 2 * h
+        return v * h * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * layer + h
+
+
+_LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+PRESETS = {
+    # Meta-Llama-3-8B(-Instruct).
+    "llama3_8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                      rope_theta=500000.0, max_position_embeddings=8192,
+                      bos_token_id=128000, eos_token_id=(128001, 128009)),
+    # Llama-3.2-1B(-Instruct): llama3 rope scaling factor 32, tied embeddings.
+    "llama3_2_1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                        num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                        head_dim=64, rope_theta=500000.0, max_position_embeddings=131072,
+                        tie_word_embeddings=True, bos_token_id=128000,
+                        eos_token_id=(128001, 128008, 128009),
+                        rope_scaling=dict(_LLAMA3_SCALING, factor=32.0)),
+    # ~20M parameters: the CPU benchmark size (vocab of the tiny tokenizer family, padded).
+    "small_20m": dict(vocab_size=8192, hidden_size=384, intermediate_size=1024,
+                      num_hidden_layers=8, num_attention_heads=6, num_key_value_heads=2,
+                      rope_theta=500000.0, max_position_embeddings=2048,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0),
+    # A few hundred K parameters: CPU tests and the demo (vocab matches the tiny tokenizer).
+    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=176,
+                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 rope_theta=500000.0, max_position_embeddings=1024,
+                 rope_scaling=dict(_LLAMA3_SCALING, original_max_position_embeddings=256),
+                 bos_token_id=1, eos_token_id=2, pad_token_id=0),
+}
+
+
+def preset(name: str, **overrides) -> LlamaConfig:
+    """A named architecture ('tiny', 'small_20m', 'llama3_2_1b', 'llama3_8b') with overrides."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown Llama preset {name!r}; choose one of {sorted(PRESETS)}")
+    return LlamaConfig(**{**PRESETS[name], **overrides})
+
+
+# ----------------------------------------------------------------------------------------------
+# RoPE
+
+
+def rope_inv_freq(config: LlamaConfig) -> jnp.ndarray:
+    """Inverse frequencies [D/2] float32, with the config's rope scaling (HF semantics)."""
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    rs = config.rope_scaling_dict or {}
+    kind = config.rope_type
+    if kind == "linear":
+        inv_freq = inv_freq / float(rs["factor"])
+    elif kind == "llama3":
+        try:
+            factor = float(rs["factor"])
+            low = float(rs["low_freq_factor"])
+            high = float(rs["high_freq_factor"])
+            old_ctx = float(rs["original_max_position_embeddings"])
+        except KeyError as e:
+            raise ValueError(f"llama3 rope_scaling is missing {e.args[0]!r}: {rs}") from None
+        low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = jnp.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv_freq = jnp.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+def apply_rope(x: Array, positions: Array, inv_freq: Array) -> Array:
+    """Rotate-half RoPE (HF layout). x [B, T, heads, D], positions [B, T] int32."""
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(emb), jnp.sin(emb)
+    xf = x.astype(jnp.float32)
+    x1, x2 = jnp.split(xf, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return (xf * cos + rotated * sin).astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Cache
+
+
+@flax.struct.dataclass
+class KVCache:
+    """Explicit KV cache. k, v [L, B, S, K, D]; mask [B, S] bool (slot holds a real token);
+    index int32 scalar (next slot to write, same for every row: batches are left-padded);
+    lengths [B] int32 (real tokens so far = position of the next token)."""
+
+    k: Array
+    v: Array
+    mask: Array
+    index: Array
+    lengths: Array
+
+
+def init_cache(config: LlamaConfig, batch: int, max_len: int, dtype: Any = None) -> KVCache:
+    """An empty cache for `batch` rows and `max_len` slots, in the compute dtype by default."""
+    dt = as_dtype(dtype or config.dtype)
+    shape = (config.num_hidden_layers, batch, max_len, config.num_key_value_heads,
+             config.head_dim)
+    return KVCache(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt),
+                   mask=jnp.zeros((batch, max_len), bool), index=jnp.zeros((), jnp.int32),
+                   lengths=jnp.zeros((batch,), jnp.int32))
+
+
+@flax.struct.dataclass
+class LlamaOutput:
+    """logits [B, T, V] float32; hidden [B, T, H] final-normed hidden states; cache or None."""
+
+    logits: Array
+    hidden: Array
+    cache: Optional[KVCache] = None
+
+
+# ----------------------------------------------------------------------------------------------
+# Modules
+
+
+def _param(rngs: nnx.Rngs, shape: Sequence[int], names: tuple, dtype, init: str = "normal"):
+    if init == "ones":
+        value = jnp.ones(shape, dtype)
+    else:
+        value = (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+    return nnx.Param(value, sharding_names=names, eager_sharding=False)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, param_dtype, rngs: nnx.Rngs):
+        self.weight = _param(rngs, (dim,), ("norm",), param_dtype, init="ones")
+        self.eps = eps
+
+    def __call__(self, x: Array) -> Array:
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...].astype(x.dtype) * xf.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
+        pd = as_dtype(cfg.param_dtype)
+        h, n, k, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = _param(rngs, (h, n * d), ("embed", "q_heads"), pd)
+        self.k_proj = _param(rngs, (h, k * d), ("embed", "kv_heads"), pd)
+        self.v_proj = _param(rngs, (h, k * d), ("embed", "kv_heads"), pd)
+        self.o_proj = _param(rngs, (n * d, h), ("q_heads", "embed"), pd)
+        self.n, self.k, self.d = n, k, d
+
+    def __call__(self, x, positions, inv_freq, bias, kv_fn):
+        """x [B, T, H]; bias [B, T, S] additive mask; kv_fn stores new k/v and returns the
+        full keys/values [B, S, K, D] to attend to."""
+        b, t, _ = x.shape
+        dt = x.dtype
+        q = (x @ self.q_proj[...].astype(dt)).reshape(b, t, self.n, self.d)
+        k = (x @ self.k_proj[...].astype(dt)).reshape(b, t, self.k, self.d)
+        v = (x @ self.v_proj[...].astype(dt)).reshape(b, t, self.k, self.d)
+        q = apply_rope(q, positions, inv_freq)
+        k = apply_rope(k, positions, inv_freq)
+        keys, values = kv_fn(k, v)
+        # GQA without repeating K/V: group the query heads under their kv head.
+        q = q.reshape(b, t, self.k, self.n // self.k, self.d)
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, keys.astype(dt),
+                            preferred_element_type=jnp.float32) * (self.d ** -0.5)
+        scores = scores + bias[:, None, None, :, :]
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, values.astype(dt))
+        return out.reshape(b, t, self.n * self.d) @ self.o_proj[...].astype(dt)
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
+        pd = as_dtype(cfg.param_dtype)
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = _param(rngs, (h, i), ("embed", "mlp"), pd)
+        self.up_proj = _param(rngs, (h, i), ("embed", "mlp"), pd)
+        self.down_proj = _param(rngs, (i, h), ("mlp", "embed"), pd)
+
+    def __call__(self, x):
+        dt = x.dtype
+        g = x @ self.gate_proj[...].astype(dt)
+        u = x @ self.up_proj[...].astype(dt)
+        return (jax.nn.silu(g) * u) @ self.down_proj[...].astype(dt)
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
+        pd = as_dtype(cfg.param_dtype)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
+        self.self_attn = Attention(cfg, rngs)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, x, positions, inv_freq, bias, kv_fn):
+        x = x + self.self_attn(self.input_layernorm(x), positions, inv_freq, bias, kv_fn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+_MASK_VALUE = float(jnp.finfo(jnp.float32).min)
+
+
+class Llama(nnx.Module):
+    """Llama-3 causal LM. `model(ids, attention_mask=mask)` -> logits [B, T, V] float32;
+    `model.forward(ids, mask, cache=...)` -> LlamaOutput(logits, hidden, cache)."""
+
+    def __init__(self, config: LlamaConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        pd = as_dtype(config.param_dtype)
+        self.embed_tokens = _param(rngs, (config.vocab_size, config.hidden_size),
+                                   ("vocab", "embed"), pd)
+        self.layers = nnx.List([DecoderLayer(config, rngs)
+                                for _ in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, pd, rngs)
+        self.lm_head = (None if config.tie_word_embeddings else
+                        _param(rngs, (config.hidden_size, config.vocab_size), ("embed", "vocab"), pd))
+
+    def __call__(self, input_ids: Array, attention_mask: Optional[Array] = None) -> Array:
+        return self.forward(input_ids, attention_mask).logits
+
+    def unembed(self, hidden: Array) -> Array:
+        """hidden [..., H] -> logits [..., V] float32."""
+        dt = hidden.dtype
+        w = (self.embed_tokens[...].T if self.lm_head is None else self.lm_head[...]).astype(dt)
+        return jnp.matmul(hidden, w, preferred_element_type=jnp.float32)
+
+    def forward(self, input_ids: Array, attention_mask: Optional[Array] = None, *,
+                cache: Optional[KVCache] = None) -> LlamaOutput:
+        """input_ids [B, T] int; attention_mask [B, T] (1 = real token, 0 = left padding).
+
+        Without a cache: a full causal forward. With a cache: the T tokens are written at
+        slots [cache.index, cache.index + T) and attend to every earlier real slot.
+        """
+        cfg = self.config
+        chex.assert_rank(input_ids, 2)
+        b, t = input_ids.shape
+        if attention_mask is None:
+            attention_mask = jnp.ones((b, t), bool)
+        chex.assert_equal_shape([input_ids, attention_mask])
+        mask = attention_mask.astype(bool)
+        dt = as_dtype(cfg.dtype)
+        start = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
+        positions = jnp.maximum(start[:, None] + jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 0)
+        inv_freq = rope_inv_freq(cfg)
+
+        if cache is None:
+            causal = jnp.tril(jnp.ones((t, t), bool))
+            allowed = causal[None] & mask[:, None, :]
+            kv_fns = [lambda k, v: (k, v)] * cfg.num_hidden_layers
+            new_cache = None
+        else:
+            s = cache.mask.shape[1]
+            chex.assert_shape(cache.k, (cfg.num_hidden_layers, b, s, cfg.num_key_value_heads,
+                                        cfg.head_dim))
+            idx = cache.index
+            slot_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, idx))
+            q_slot = idx + jnp.arange(t)
+            allowed = (jnp.arange(s)[None, :] <= q_slot[:, None])[None] & slot_mask[:, None, :]
+            store = {"k": cache.k, "v": cache.v}
+
+            def make_kv_fn(layer):
+                def kv_fn(k, v):
+                    for name, new in (("k", k), ("v", v)):
+                        store[name] = jax.lax.dynamic_update_slice(
+                            store[name], new.astype(store[name].dtype)[None], (layer, 0, idx, 0, 0))
+                    return store["k"][layer], store["v"][layer]
+                return kv_fn
+
+            kv_fns = [make_kv_fn(i) for i in range(cfg.num_hidden_layers)]
+        bias = jnp.where(allowed, 0.0, _MASK_VALUE).astype(jnp.float32)
+
+        x = self.embed_tokens[...].astype(dt)[input_ids]
+        for layer, kv_fn in zip(self.layers, kv_fns):
+            x = layer(x, positions, inv_freq, bias, kv_fn)
+        hidden = self.norm(x)
+        if cache is not None:
+            new_cache = KVCache(k=store["k"], v=store["v"], mask=slot_mask, index=idx + t,
+                                lengths=cache.lengths + mask.sum(axis=1, dtype=jnp.int32))
+        return LlamaOutput(logits=self.unembed(hidden), hidden=hidden, cache=new_cache)
+
+
+def init(config: LlamaConfig, seed: int = 0) -> Llama:
+    """A randomly initialised model (normal(0.02) kernels, unit norms)."""
+    return Llama(config, rngs=nnx.Rngs(seed))
+
+
+# ----------------------------------------------------------------------------------------------
+# Hugging Face checkpoints and tokenizers (implemented in checkpoint_hf.py).
+
+
+def from_pretrained(path, dtype=None, param_dtype=None) -> Llama:
+    """Load a Hugging Face Llama directory (config.json + *.safetensors [+ index]).
+
+    Tensors are read one at a time, so peak host memory stays near one copy of the weights.
+    `dtype` is the compute dtype, `param_dtype` the storage dtype (default: float32 for both,
+    or `dtype` for both when only `dtype` is given).
+    """
+    from jaxsocial.models import checkpoint_hf
+    return checkpoint_hf.from_pretrained(path, dtype=dtype, param_dtype=param_dtype)
+
+
+def save_pretrained(model: Llama, path) -> None:
+    """Write `model` as a transformers-loadable directory (config.json + model.safetensors)."""
+    from jaxsocial.models import checkpoint_hf
+    checkpoint_hf.save_pretrained(model, path)
+
+
+def load_tokenizer(path, model: Optional[Llama] = None):
+    """`AutoTokenizer.from_pretrained(path)`; with `model`, checks the vocab fits its embedding."""
+    from jaxsocial.models import checkpoint_hf
+    return checkpoint_hf.load_tokenizer(path, model=model)
