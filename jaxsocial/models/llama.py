@@ -5,7 +5,7 @@ G = N // K query heads per kv head, V vocab, L layers.
 
 The forward pass takes left-padded batches. Positions come from the attention mask
 (`cumsum(mask) - 1`, continued from the cache), so a padded row gives the same logits as the
-same sequence alone. Every parameter carries logical axis names (`sharding_names`) that
+same sequence alone. Every parameter carries logical axis names (`out_sharding`) that
 `jaxsocial.train.sharding` maps onto a mesh.
 """
 
@@ -246,7 +246,7 @@ def _param(rngs: nnx.Rngs, shape: Sequence[int], names: tuple, dtype, init: str 
         value = jnp.ones(shape, dtype)
     else:
         value = (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
-    return nnx.Param(value, sharding_names=names, eager_sharding=False)
+    return nnx.Param(value, out_sharding=names, eager_sharding=False)
 
 
 class RMSNorm(nnx.Module):

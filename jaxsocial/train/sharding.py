@@ -1,0 +1,156 @@
+"""One mesh (data, fsdp, tensor), one table of logical-axis rules, and the shardings built from it.
+
+The same compiled step runs on 1 CPU device, on 8 fake CPU devices in tests, and on a
+multi-host TPU pod / GPU cluster: jit with NamedShardings over this mesh (JAX's own SPMD).
+
+Logical names are the ones the Llama parameters carry (`sharding_names`), plus names for
+data: `batch` (prompts / trajectories) and `agents` (society rows). A dimension whose size is not
+divisible by its mesh axes is replicated instead (tiny test models on 8 devices).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
+
+import jax
+import numpy as np
+from absl import logging
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+AXES = ("data", "fsdp", "tensor")
+
+# logical name -> mesh axis, tuple of mesh axes, or None (replicated).
+LOGICAL_AXIS_RULES: Dict[str, Union[None, str, Tuple[str, ...]]] = {
+    "vocab": "tensor",
+    "embed": "fsdp",
+    "q_heads": "tensor",
+    "kv_heads": "tensor",
+    "mlp": "tensor",
+    "norm": None,
+    "lora_rank": None,
+    "batch": ("data", "fsdp"),
+    "agents": ("data", "fsdp"),
+    "seq": None,
+}
+
+
+def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> Tuple[int, ...]:
+    """(data, fsdp, tensor) with at most one -1 ("the rest") -> concrete sizes."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != len(AXES):
+        raise ValueError(f"mesh shape {shape} must have {len(AXES)} entries {AXES}")
+    if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
+        raise ValueError(f"mesh shape {shape}: use positive sizes and at most one -1")
+    known = math.prod(s for s in shape if s != -1)
+    if num_devices % known:
+        raise ValueError(f"mesh shape {shape} does not divide the {num_devices} devices")
+    shape = tuple(num_devices // known if s == -1 else s for s in shape)
+    if math.prod(shape) != num_devices:
+        raise ValueError(f"mesh shape {shape} uses {math.prod(shape)} devices, "
+                         f"but {num_devices} are available")
+    return shape
+
+
+def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices: Optional[Sequence[Any]] = None) -> Mesh:
+    """A (data, fsdp, tensor) mesh over `devices` (default: all devices of all processes).
+
+    Axis types are Auto on purpose: the compiler propagates shardings from the annotated
+    inputs/outputs; we do not use explicit-sharding mode.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = resolve_mesh_shape(shape, len(devices))
+    if devices == list(jax.devices()):
+        return jax.make_mesh(sizes, AXES, axis_types=(AxisType.Auto,) * len(AXES))
+    return Mesh(np.asarray(devices).reshape(sizes), AXES,
+                axis_types=(AxisType.Auto,) * len(AXES))
+
+
+def logical_to_spec(names: Optional[Sequence[Optional[str]]], shape: Sequence[int], mesh: Mesh,
+                    rules: Dict[str, Any] = LOGICAL_AXIS_RULES) -> P:
+    """Logical names of one array -> PartitionSpec, replicating non-divisible dimensions."""
+    if not names:
+        return P()
+    if len(names) != len(shape):
+        raise ValueError(f"logical names {tuple(names)} do not match shape {tuple(shape)}")
+    used, out = set(), []
+    for name, size in zip(names, shape):
+        axes = rules.get(name) if name is not None else None
+        if name is not None and name not in rules:
+            raise ValueError(f"no sharding rule for logical axis {name!r}; "
+                             f"known: {sorted(rules)}")
+        axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        axes = tuple(a for a in axes if a not in used and mesh.shape[a] > 1)
+        if axes and size % math.prod(mesh.shape[a] for a in axes) == 0:
+            used.update(axes)
+            out.append(axes[0] if len(axes) == 1 else axes)
+        else:
+            out.append(None)
+    return P(*out)
+
+
+def _variable_names(var: nnx.Variable) -> Optional[Sequence[str]]:
+    meta = var.get_metadata()
+    return meta.get("out_sharding") or meta.get("sharding_names")
+
+
+def state_shardings(state: Any, mesh: Mesh, rules: Dict[str, Any] = LOGICAL_AXIS_RULES) -> Any:
+    """NamedShardings for an nnx.State (parameters, or optimizer state mirroring them).
+
+    Variables without logical names (counters, scalars) are replicated.
+    """
+    def one(leaf):
+        if isinstance(leaf, nnx.Variable):
+            spec = logical_to_spec(_variable_names(leaf), np.shape(leaf[...]), mesh, rules)
+            return leaf.replace(NamedSharding(mesh, spec))
+        return NamedSharding(mesh, P())
+    return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def data_sharding(mesh: Mesh, ndim: int, logical: str = "batch") -> NamedSharding:
+    """Shard the leading dimension of an [B, ...] array along the data axes."""
+    axes = LOGICAL_AXIS_RULES[logical]
+    axes = tuple(a for a in ((axes,) if isinstance(axes, str) else axes) if mesh.shape[a] > 1)
+    lead = None if not axes else (axes[0] if len(axes) == 1 else axes)
+    return NamedSharding(mesh, P(lead, *([None] * (ndim - 1))))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def tree_data_shardings(tree: Any, mesh: Mesh, logical: str = "batch") -> Any:
+    """Data-parallel shardings for every array leaf whose leading dim divides the data axes;
+    everything else (scalars, odd sizes) replicated."""
+    axes = LOGICAL_AXIS_RULES[logical]
+    axes = tuple(a for a in ((axes,) if isinstance(axes, str) else axes) if mesh.shape[a] > 1)
+    n = math.prod(mesh.shape[a] for a in axes) if axes else 1
+
+    def one(x):
+        shape = np.shape(x)
+        if not shape or shape[0] % n:
+            return replicated(mesh)
+        return data_sharding(mesh, len(shape), logical)
+    return jax.tree.map(one, tree)
+
+
+def maybe_initialize_distributed(enabled: Optional[bool] = None, **kwargs) -> bool:
+    """Call `jax.distributed.initialize()` when asked or when the environment says so.
+
+    Asked: `enabled=True` (the config's `distributed.enabled`). Environment: a coordinator
+    address in JAX_COORDINATOR_ADDRESS, or a multi-process TPU/SLURM launch that JAX detects.
+    Returns whether JAX now runs multi-process.
+    """
+    if enabled is None:
+        enabled = bool(os.environ.get("JAX_COORDINATOR_ADDRESS"))
+    if not enabled:
+        return False
+    if jax.distributed.is_initialized():
+        return jax.process_count() > 1
+    jax.distributed.initialize(**{k: v for k, v in kwargs.items() if v is not None})
+    logging.info("jax.distributed: process %d of %d, %d local / %d global devices",
+                 jax.process_index(), jax.process_count(), jax.local_device_count(),
+                 jax.device_count())
+    return jax.process_count() > 1
