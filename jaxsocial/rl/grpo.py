@@ -1,0 +1,190 @@
+"""GRPO (Shao et al. 2024, DeepSeekMath): PPO without a critic.
+
+Each prompt is sampled `group_size` times (the rows of a group are contiguous in the batch);
+a row's advantage is its score normalised within its group,
+    A_i = (r_i - mean(r_group)) / (std(r_group) + eps),
+broadcast to every valid token of the response. The loss is the clipped surrogate plus an
+optional beta * k3 KL(pi || pi_ref) term per token (beta = 0 by default).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from jaxsocial.rl import ppo
+from jaxsocial.rl import state as state_lib
+from jaxsocial.rl.buffer import Trajectory, check_trajectory
+
+LOSS_AGGREGATIONS = ("token_mean", "seq_mean")
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOConfig:
+    """GRPO knobs; defaults from spec/ppo.md."""
+
+    group_size: int = 8
+    # optimizer
+    learning_rate: float = 1e-6
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    decay_steps: int = 10_000
+    end_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    adam_b1: float = 0.9
+    adam_b2: float = 0.999
+    adam_eps: float = 1e-8
+    max_grad_norm: float = 1.0
+    # update structure (1 epoch: one gradient step per fresh batch, as TRL's default)
+    ppo_epochs: int = 1
+    num_minibatches: int = 1
+    grad_accum_steps: int = 1
+    # loss
+    clip_eps: float = 0.2
+    clip_eps_high: Optional[float] = None
+    ent_coef: float = 0.0
+    loss_aggregation: str = "token_mean"  # "seq_mean": per-sequence mean, then batch mean
+    # advantages
+    scale_rewards: bool = True            # False: Dr. GRPO (no division by the group std)
+    std_eps: float = 1e-4
+    std_ddof: int = 1                     # 1 = unbiased group std (torch.std, as TRL)
+    # KL to the reference (in the loss, not in the reward)
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    # responses
+    missing_stop_penalty: float = 0.0
+    stop_token_ids: tuple = ()
+    # sampling distribution
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        ppo._check_common(self)
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2, got {self.group_size}")
+        if self.loss_aggregation not in LOSS_AGGREGATIONS:
+            raise ValueError(f"loss_aggregation={self.loss_aggregation!r}; choose one of "
+                             f"{LOSS_AGGREGATIONS}")
+        if self.std_ddof not in (0, 1):
+            raise ValueError(f"std_ddof must be 0 or 1, got {self.std_ddof}")
+
+    adaptive_kl = False
+
+    @property
+    def initial_kl_coef(self) -> float:
+        return self.kl_coef
+
+    def replace(self, **kw) -> "GRPOConfig":
+        return dataclasses.replace(self, **kw)
+
+
+def group_advantages(scores: jax.Array, group_size: int, eps: float = 1e-4,
+                     scale: bool = True, ddof: int = 1) -> jax.Array:
+    """scores [B] (B = groups x group_size, groups contiguous) -> advantages [B] float32.
+
+    A = (r - group mean) / (group std + eps) (std with `ddof`); scale=False: A = r - mean.
+    """
+    scores = jnp.asarray(scores, jnp.float32)
+    chex.assert_rank(scores, 1)
+    b = scores.shape[0]
+    if b % group_size:
+        raise ValueError(f"batch size {b} is not a multiple of group_size {group_size}")
+    g = scores.reshape(b // group_size, group_size)
+    centred = g - jnp.mean(g, axis=1, keepdims=True)
+    if scale:
+        std = jnp.sqrt(jnp.sum(jnp.square(centred), axis=1, keepdims=True)
+                       / (group_size - ddof))
+        centred = centred / (std + eps)
+    return centred.reshape(b)
+
+
+def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, cfg: GRPOConfig,
+              denom: Optional[dict] = None):
+    """Per-token clipped surrogate + kl_coef * KL(pi || ref), aggregated by cfg.
+
+    logprobs, old_logprobs, ref_logprobs, mask: [B, T]; advantages [B] (one per sequence).
+    token_mean: sum over valid tokens / denom["tokens"];
+    seq_mean: sum_b (sum_t loss_bt / n_b) / denom["rows"].
+    """
+    m = mask.astype(jnp.float32)
+    if denom is None:
+        denom = {"tokens": jnp.maximum(jnp.sum(m), 1.0), "rows": jnp.float32(m.shape[0])}
+    eps_high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
+    a = advantages[:, None]
+    log_ratio = logprobs - old_logprobs
+    ratio = jnp.exp(log_ratio)
+    unclipped = -a * ratio
+    clipped = -a * jnp.clip(ratio, 1.0 - cfg.clip_eps, 1.0 + eps_high)
+    pg = jnp.maximum(unclipped, clipped)
+    kl = ppo.kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator)
+    per_token = pg + cfg.kl_coef * kl
+
+    if cfg.loss_aggregation == "token_mean":
+        def agg(x):
+            return jnp.sum(x * m) / denom["tokens"]
+    else:
+        def agg(x):
+            return jnp.sum(jnp.sum(x * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1.0)) \
+                / denom["rows"]
+    loss = agg(per_token)
+    stats = {
+        "policy_loss": agg(pg),
+        "kl_loss": agg(kl),
+        "clip_frac": jnp.sum((clipped > unclipped).astype(jnp.float32) * m) / denom["tokens"],
+        "approx_kl": jnp.sum((ratio - 1.0 - log_ratio) * m) / denom["tokens"],
+        "ratio": jnp.sum(ratio * m) / denom["tokens"],
+    }
+    return loss, stats
+
+
+def make_update(cfg: GRPOConfig, pdef, donate: bool = False) -> ppo.CompiledUpdate:
+    """The jitted GRPO update(state, batch) -> (state, metrics); batch rows in groups of
+    cfg.group_size. Metrics: loss, policy_loss, kl_loss, entropy, approx_kl, clip_frac,
+    kl_ref, score_mean, score_std_in_group, adv_abs_mean, grad_norm, learning_rate,
+    skipped_steps, nonfinite_skips."""
+    from jaxsocial.rl import policy as policy_lib
+
+    tx, schedule = ppo.make_optimizer(cfg)
+
+    def loss_fn(params, ref_params, rows, denom):
+        b = rows["batch"]
+        out = policy_lib.evaluate(pdef, params, ref_params, b, cfg, with_values=False,
+                                  with_entropy=True)
+        loss, stats = grpo_loss(out.logprobs, b.old_logprobs, b.ref_logprobs, rows["adv"],
+                                rows["mask"], cfg, denom)
+        ent = ppo.masked_sum(out.entropy, rows["mask"]) / denom["tokens"]
+        loss = loss - cfg.ent_coef * ent
+        return loss, dict(stats, entropy=ent)
+
+    def update(train_state: state_lib.TrainState, batch: Trajectory):
+        check_trajectory(batch)
+        mask = batch.response_mask
+        scores = batch.scores
+        if cfg.missing_stop_penalty and cfg.stop_token_ids:
+            stopped = ppo.has_stop_token(batch.response_tokens, mask, cfg.stop_token_ids)
+            scores = scores - jnp.where(stopped, 0.0, cfg.missing_stop_penalty)
+        adv = group_advantages(scores, cfg.group_size, cfg.std_eps, cfg.scale_rewards,
+                               cfg.std_ddof)
+        rng, key = jax.random.split(train_state.rng)
+        rows = {"batch": batch, "adv": adv, "mask": mask}
+        new_state, metrics = ppo.run_epochs(
+            loss_fn, tx, schedule, train_state, rows, epochs=cfg.ppo_epochs,
+            num_minibatches=cfg.num_minibatches, grad_accum_steps=cfg.grad_accum_steps,
+            key=key)
+        g = scores.reshape(-1, cfg.group_size)
+        metrics.update(
+            kl_ref=jnp.mean(jnp.sum(ppo.kl_penalty(batch.old_logprobs, batch.ref_logprobs, "k1")
+                                    * mask, axis=-1)),
+            kl_coef=train_state.kl.coef,
+            score_mean=jnp.mean(batch.scores),
+            score_std_in_group=jnp.mean(jnp.std(g, axis=1)),
+            adv_abs_mean=jnp.mean(jnp.abs(adv)),
+            nonfinite_skips=new_state.nonfinite_skips.astype(jnp.float32),
+        )
+        return new_state.replace(rng=rng), metrics
+
+    return ppo.CompiledUpdate(update, donate=donate)

@@ -1,0 +1,190 @@
+"""The RL view of a Llama: sampled-token log-probs, reference log-probs and values.
+
+A rollout row is prompt [P] (left-padded) + response [R] (right-padded). The logits at
+sequence position P - 1 + t predict response token t, and the value of the state before
+token t is read from the hidden state at the same position. Log-probs are taken under the
+*sampling* distribution (`jaxsocial.generation.sampling.token_logprobs`: grammar mask,
+temperature, top-k, top-p) — the same function the generator uses, so the first PPO ratio
+on a fresh rollout is 1.
+
+Value modes: "head" (a scalar head on the policy trunk's final hidden states, trained
+through the trunk), "critic" (a separate Llama trunk + head), "none" (GRPO).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from jaxsocial.generation import sampling as sampling_lib
+from jaxsocial.rl.buffer import Trajectory
+
+VALUE_MODES = ("head", "critic", "none")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PolicyDef:
+    """Static description of the trainable policy (hashable by identity; build it once).
+
+    graphdef: nnx graphdef of the policy Llama; critic_graphdef: of the critic (value_mode
+    "critic"); lora: a `lora.LoraConfig` when only adapters are trained (reference = base).
+    """
+
+    graphdef: Any
+    value_mode: str = "head"
+    critic_graphdef: Any = None
+    lora: Any = None
+    value_stop_gradient: bool = False  # head mode: value loss does not reach the trunk
+
+    @property
+    def has_values(self) -> bool:
+        return self.value_mode != "none"
+
+
+@struct.dataclass
+class PolicyEval:
+    """logprobs [B, R] float32 (sampling distribution); values [B, R] float32 or None;
+    entropy [B, R] float32 (of the sampling distribution) or None."""
+
+    logprobs: jax.Array
+    values: Optional[jax.Array] = None
+    entropy: Optional[jax.Array] = None
+
+
+def _value_head(hidden_size: int) -> dict:
+    # Zero init: V = 0 at the start, so the first advantages are pure returns.
+    return {"kernel": jnp.zeros((hidden_size,), jnp.float32), "bias": jnp.zeros((), jnp.float32)}
+
+
+def init_policy(model, key=None, *, value_mode: str = "head", critic=None, lora=None,
+                value_stop_gradient: bool = False):
+    """Split a Llama into (PolicyDef, trainable params, frozen reference params).
+
+    model: `llama.Llama`; critic: a second Llama for value_mode="critic" (default: a copy of
+    the policy's initial weights); lora: `lora.LoraConfig` to train adapters only (needs key).
+    params = {"policy": weights (or adapters), "value": {"head": ..., ["trunk": ...]} or None};
+    ref_params = the policy's initial weights (pure dict).
+    """
+    if value_mode not in VALUE_MODES:
+        raise ValueError(f"value_mode={value_mode!r}; choose one of {VALUE_MODES}")
+    graphdef, state = nnx.split(model)
+    weights = nnx.to_pure_dict(state)
+    hidden = model.config.hidden_size
+    critic_graphdef = None
+    if value_mode == "head":
+        value = {"head": _value_head(hidden)}
+    elif value_mode == "critic":
+        if critic is None:
+            critic_graphdef, critic_weights = graphdef, weights
+        else:
+            critic_graphdef, cstate = nnx.split(critic)
+            critic_weights = nnx.to_pure_dict(cstate)
+            hidden = critic.config.hidden_size
+        # A separate buffer tree: the critic trunk trains independently of the policy.
+        value = {"head": _value_head(hidden), "trunk": jax.tree.map(jnp.copy, critic_weights)}
+    else:
+        value = None
+    if lora is not None:
+        from jaxsocial.rl import lora as lora_lib
+        if key is None:
+            raise ValueError("init_policy with lora needs a PRNG key for the adapters")
+        policy = lora_lib.init_adapters(weights, lora, key)
+    else:
+        policy = jax.tree.map(jnp.copy, weights)
+    pdef = PolicyDef(graphdef=graphdef, value_mode=value_mode, critic_graphdef=critic_graphdef,
+                     lora=lora, value_stop_gradient=value_stop_gradient)
+    return pdef, {"policy": policy, "value": value}, weights
+
+
+def policy_weights(pdef: PolicyDef, params, ref_params):
+    """The weights the policy forward uses (base + LoRA delta when LoRA is on)."""
+    if pdef.lora is not None:
+        from jaxsocial.rl import lora as lora_lib
+        return lora_lib.merge(ref_params, params["policy"], pdef.lora)
+    return params["policy"]
+
+
+def _sequence(batch: Trajectory):
+    ids = jnp.concatenate([batch.prompt_tokens, batch.response_tokens], axis=1)
+    mask = jnp.concatenate([batch.prompt_mask, batch.response_mask], axis=1)
+    return ids, mask
+
+
+def _response_slice(x, p: int, r: int):
+    """Positions P - 1 .. P + R - 2: the states that predict response tokens 0 .. R - 1."""
+    return jax.lax.slice_in_dim(x, p - 1, p - 1 + r, axis=1)
+
+
+def _forward(graphdef, weights, ids, mask):
+    model = nnx.merge(graphdef, weights)
+    return model.forward(ids, mask)
+
+
+def _values(head, hidden):
+    return hidden.astype(jnp.float32) @ head["kernel"] + head["bias"]
+
+
+def evaluate(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, *,
+             with_values: bool = True, with_entropy: bool = False) -> PolicyEval:
+    """One policy forward over prompt + response -> PolicyEval, each [B, R] float32.
+
+    cfg supplies the sampling distribution (temperature, top_k, top_p); batch.allowed the
+    grammar mask. Entropy is of the same (masked, tempered, truncated) distribution.
+    """
+    p, r = batch.prompt_len, batch.response_len
+    if p < 1:
+        raise ValueError("the prompt must have at least one slot (the token before the response)")
+    scfg = _sampling(cfg, r)
+    ids, mask = _sequence(batch)
+    out = _forward(pdef.graphdef, policy_weights(pdef, params, ref_params), ids, mask)
+    logits = _response_slice(out.logits, p, r)
+    logprobs = sampling_lib.token_logprobs(logits, batch.response_tokens, scfg, batch.allowed)
+    entropy = None
+    if with_entropy:
+        lp = sampling_lib.log_probs(logits, scfg, batch.allowed)
+        entropy = -jnp.sum(jnp.exp(lp) * lp, axis=-1)
+    values = None
+    if with_values and pdef.has_values:
+        if pdef.value_mode == "head":
+            hidden = _response_slice(out.hidden, p, r)
+            if pdef.value_stop_gradient:
+                hidden = jax.lax.stop_gradient(hidden)
+        else:
+            critic_out = _forward(pdef.critic_graphdef, params["value"]["trunk"], ids, mask)
+            hidden = _response_slice(critic_out.hidden, p, r)
+        values = _values(params["value"]["head"], hidden)
+    return PolicyEval(logprobs=logprobs, values=values, entropy=entropy)
+
+
+def reference_logprobs(pdef: PolicyDef, ref_params, batch: Trajectory, cfg) -> jax.Array:
+    """Log-probs [B, R] of the response under the frozen reference (same sampling dist)."""
+    p, r = batch.prompt_len, batch.response_len
+    ids, mask = _sequence(batch)
+    out = _forward(pdef.graphdef, ref_params, ids, mask)
+    return sampling_lib.token_logprobs(_response_slice(out.logits, p, r), batch.response_tokens,
+                                       _sampling(cfg, r), batch.allowed)
+
+
+def score_batch(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg):
+    """The rollout scoring pass: (logprobs, ref_logprobs, values), each [B, R] float32 and 0
+    on masked tokens (values 0 when value_mode="none"). No gradients.
+
+    Use it to fill a Trajectory: `batch.replace(old_logprobs=lp, ref_logprobs=ref, values=v)`.
+    """
+    params = jax.lax.stop_gradient(params)
+    m = batch.response_mask.astype(jnp.float32)
+    ev = evaluate(pdef, params, ref_params, batch, cfg, with_values=True)
+    ref = reference_logprobs(pdef, ref_params, batch, cfg)
+    values = ev.values if ev.values is not None else jnp.zeros_like(ev.logprobs)
+    return ev.logprobs * m, ref * m, values * m
+
+
+def _sampling(cfg, r: int):
+    if isinstance(cfg, sampling_lib.SamplingConfig):
+        return cfg
+    return sampling_lib.SamplingConfig(max_new_tokens=r, temperature=cfg.temperature,
+                                       top_k=cfg.top_k, top_p=cfg.top_p,
+                                       stop_token_ids=tuple(cfg.stop_token_ids))

@@ -1,0 +1,76 @@
+"""Shared helpers for the RL tests (a tiny policy, a cache-based sampling loop, rewards).
+
+The sampling loop here is the test's own rollout (prefill + lax.scan decode through the KV
+cache, drawing with `sampling.sample`); the generate()-based check lives in test_rl_policy.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsocial.generation import sampling as sampling_lib
+from jaxsocial.models import llama
+from jaxsocial.rl import buffer, policy as policy_lib
+
+
+def tiny_config(**kw):
+    base = dict(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1)
+    base.update(kw)
+    return llama.preset("tiny", **base)
+
+
+def make_prompts(key, batch, prompt_len, vocab, min_len=2):
+    """Left-padded random prompts [B, P] int32 with ragged lengths, mask bool."""
+    k1, k2 = jax.random.split(key)
+    lengths = jax.random.randint(k1, (batch,), min_len, prompt_len + 1)
+    toks = jax.random.randint(k2, (batch, prompt_len), 3, vocab, dtype=jnp.int32)
+    mask = jnp.arange(prompt_len)[None, :] >= (prompt_len - lengths)[:, None]
+    return jnp.where(mask, toks, 0).astype(jnp.int32), mask
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "scfg", "n"))
+def sample_responses(graphdef, weights, prompt, prompt_mask, key, scfg, n):
+    """Sample n tokens per row through the KV cache. -> (tokens [B, n], logprobs [B, n])."""
+    from flax import nnx
+    model = nnx.merge(graphdef, weights)
+    b, p = prompt.shape
+    cache = llama.init_cache(model.config, b, p + n)
+    out = model.forward(prompt, prompt_mask, cache=cache)
+
+    def step(carry, k):
+        logits, cache = carry
+        tok, lp = sampling_lib.sample(k, logits, scfg)
+        o = model.forward(tok[:, None], jnp.ones((b, 1), bool), cache=cache)
+        return (o.logits[:, -1], o.cache), (tok, lp)
+
+    _, (toks, lps) = jax.lax.scan(step, (out.logits[:, -1], out.cache), jax.random.split(key, n))
+    return toks.T, lps.T
+
+
+def rollout(pdef, params, ref_params, cfg, key, prompt, prompt_mask, n, score_fn,
+            response_mask=None):
+    """Sample, score with `score_fn(tokens) -> [B]`, fill log-probs/values by score_batch."""
+    scfg = policy_lib._sampling(cfg, n)
+    weights = policy_lib.policy_weights(pdef, params, ref_params)
+    toks, gen_lp = sample_responses(pdef.graphdef, weights, prompt, prompt_mask, key, scfg, n)
+    if response_mask is None:
+        response_mask = jnp.ones(toks.shape, bool)
+    traj = buffer.make_trajectory(prompt, prompt_mask, toks, response_mask,
+                                  scores=score_fn(toks))
+    lp, ref, values = _score(pdef, cfg, params, ref_params, traj)
+    return traj.replace(old_logprobs=lp, ref_logprobs=ref, values=values), gen_lp
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _score(pdef, cfg, params, ref_params, traj):
+    return policy_lib.score_batch(pdef, params, ref_params, traj, cfg)
+
+
+def count_token(token):
+    return lambda toks: jnp.sum(toks == token, axis=-1).astype(jnp.float32)
+
+
+def np_f64(x):
+    return np.asarray(x, np.float64)
