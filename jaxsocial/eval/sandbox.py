@@ -1,0 +1,543 @@
+"""Run untrusted Python programs (model-written code) in a contained child process.
+
+Each program gets, where the OS allows it:
+
+- its own PID, network, mount, IPC and UTS namespaces (Linux ``unshare``): the program is a child
+  of a tiny init that is PID 1 of the namespace; when that init dies the kernel kills every
+  process left in the namespace, double-forked daemons included. The network namespace has only a
+  down loopback, so no socket reaches anything.
+- a fresh tmpfs mounted over ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/run/lock`` (the only
+  world-writable places), holding its working directory; it vanishes with the namespace.
+- an unprivileged, per-run uid/gid (no supplementary groups, ``no_new_privs``): it cannot write
+  anything the host owns, read or signal the caller's processes (which also are invisible in its
+  ``/proc``).
+- rlimits: CPU seconds, address space and data (``memory_mb``), processes (RLIMIT_NPROC, per
+  uid — enforced because the uid is not root), file size, open files, no core dumps; plus a
+  cgroup (v1 or v2) bounding the memory and process count of the whole tree, where writable.
+- an environment with none of the caller's variables; stdin ``/dev/null``; stdout/stderr capped.
+- a wall-clock timeout after which the whole tree is SIGKILLed (SIGTERM handlers do not help).
+
+After every run the host checks that no process of the run's uid is left (and SIGKILLs any it
+finds, reporting it in ``SandboxResult.leaked``). Primitives that are unavailable (not root, no
+namespaces, no cgroup) are skipped with a one-time warning; see ``capabilities()``.
+
+The program passes when it exits with status 0.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from typing import Iterable, Sequence
+
+STATUSES = ("passed", "failed", "timeout", "crashed")
+
+# Per-run uids/gids are drawn from this range (far above any login or system account), so that
+# RLIMIT_NPROC and the post-run sweep concern this run only.
+_UID_BASE = 0x6A500000
+_UID_SPAN = 1 << 24
+
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUTS = 0x04000000
+_CLONE_NEWIPC = 0x08000000
+_CLONE_NEWPID = 0x20000000
+_CLONE_NEWNET = 0x40000000
+_NS_FLAGS = _CLONE_NEWNS | _CLONE_NEWUTS | _CLONE_NEWIPC | _CLONE_NEWPID | _CLONE_NEWNET
+
+# Runs inside the child with `python -I -S -c`: stage 1 joins the cgroup, unshares namespaces and
+# forks stage 2 (PID 1 of the new PID namespace), which mounts /proc and the tmpfs, writes the
+# program and forks it with dropped privileges and rlimits. Each stage dies with its parent
+# (PR_SET_PDEATHSIG), so a killed host or a killed stage 1 takes the whole tree down.
+_INIT_SOURCE = r'''
+import ctypes, json, os, resource, signal, sys
+cfg = json.loads(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+status = os.fdopen(cfg["status_fd"], "w", buffering=1)
+
+def fail(msg):
+    status.write("error " + msg.replace("\n", " ") + "\n")
+    os._exit(71)
+
+def die_with_parent(parent):
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(70)
+
+die_with_parent(cfg["host_pid"])
+code = sys.stdin.buffer.read()
+for procs in cfg["cgroup_procs"]:
+    with open(procs, "w") as f:
+        f.write(str(os.getpid()))
+if cfg["namespaces"] and libc.unshare(cfg["ns_flags"]) != 0:
+    fail("unshare failed: errno %d" % ctypes.get_errno())
+stage1 = os.getpid()
+init = os.fork()
+if init:
+    while True:
+        try:
+            pid, st = os.waitpid(init, 0)
+            break
+        except ChildProcessError:
+            break
+    os._exit(0)
+
+# The parent of PID 1 lives outside the new PID namespace, where getppid() reads 0.
+die_with_parent(0 if cfg["namespaces"] else stage1)
+uid, gid = cfg["uid"], cfg["gid"]
+if cfg["namespaces"]:
+    MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+    # Private first: nothing mounted below may propagate back to the host's mount table.
+    if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        fail("making / private failed: errno %d" % ctypes.get_errno())
+    if libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
+        fail("mounting /proc failed: errno %d" % ctypes.get_errno())
+    opts = ("size=%dk,mode=1777" % cfg["tmpfs_kb"]).encode()
+    for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
+        if os.path.isdir(d) and not os.path.islink(d):
+            if libc.mount(b"tmpfs", d.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
+                fail("mounting tmpfs on %s failed: errno %d" % (d, ctypes.get_errno()))
+    workdir = "/tmp/sandbox"
+    os.mkdir(workdir, 0o700)
+else:
+    workdir = cfg["workdir"]
+if cfg["drop_uid"]:
+    os.chown(workdir, uid, gid)
+prog = os.path.join(workdir, "program.py")
+with open(prog, "wb") as f:
+    f.write(code)
+if cfg["drop_uid"]:
+    os.chown(prog, uid, gid)
+status.write("started\n")
+child = os.fork()
+if child == 0:
+    try:
+        os.setsid()
+        devnull = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.closerange(3, 1 << 16)
+        for name, value in cfg["rlimits"]:
+            resource.setrlimit(getattr(resource, name), (value, value))
+        if cfg["drop_uid"]:
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+        libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no setuid binaries
+        os.chdir(workdir)
+        env = dict(cfg["env"], HOME=workdir, TMPDIR=workdir)
+        py = cfg["python"]
+        os.execve(py, [py, "-I", "-B", "program.py"], env)
+    except BaseException as e:
+        os.write(2, ("[sandbox] could not start the program: %r\n" % (e,)).encode())
+    os._exit(127)
+# PID 1 reaps every orphan until the program itself is done; returning kills the namespace.
+while True:
+    try:
+        pid, st = os.waitpid(-1, 0)
+    except ChildProcessError:
+        fail("program vanished")
+    if pid == child:
+        break
+if os.WIFSIGNALED(st):
+    status.write("signal %d\n" % os.WTERMSIG(st))
+else:
+    status.write("exit %d\n" % os.WEXITSTATUS(st))
+status.flush()
+os._exit(0)
+'''
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxResult:
+    """Outcome of one program.
+
+    status: "passed" (exit 0), "failed" (non-zero exit, or output over the cap), "timeout"
+    (wall-clock or CPU limit), "crashed" (killed by a signal, or the sandbox could not start it).
+    """
+
+    status: str
+    stdout: str
+    stderr: str
+    returncode: int | None  # exit status; -N when killed by signal N; None on timeout/crash
+    reason: str
+    duration_s: float
+    truncated: bool = False
+    leaked: int = 0  # processes of the run's uid found (and killed) after it ended
+
+
+_warned: set[str] = set()
+_caps_lock = threading.Lock()
+_caps: dict | None = None
+
+
+def _warn_once(key: str, msg: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"jaxsocial.eval.sandbox: {msg}", RuntimeWarning, stacklevel=3)
+
+
+def _default_python() -> str:
+    """An interpreter the unprivileged uid can execute and whose stdlib it can read."""
+    exe = os.path.realpath(sys.executable)
+    prefix = os.path.realpath(sys.base_prefix)
+
+    def world_usable(path: str) -> bool:
+        parts = path.split(os.sep)
+        for i in range(2, len(parts) + 1):
+            p = os.sep.join(parts[:i]) or os.sep
+            try:
+                mode = os.stat(p).st_mode
+            except OSError:
+                return False
+            if not mode & 0o001:
+                return False
+        return True
+
+    if os.geteuid() != 0 or (world_usable(exe) and world_usable(prefix)):
+        return exe
+    for cand in (f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}", "/usr/bin/python3"):
+        if os.path.exists(cand) and world_usable(os.path.realpath(cand)):
+            _warn_once("python", f"{exe} is not readable by an unprivileged uid; "
+                       f"sandboxed programs run with {cand}")
+            return cand
+    return exe
+
+
+def _probe_namespaces() -> bool:
+    probe = (
+        "import ctypes,os,sys\n"
+        "libc=ctypes.CDLL(None,use_errno=True)\n"
+        f"sys.exit(0 if libc.unshare({_NS_FLAGS})==0 and "
+        "libc.mount(b'none',b'/',None,16384|(1<<18),None)==0 else 1)\n")
+    try:
+        return subprocess.run([sys.executable, "-I", "-S", "-c", probe], env={},
+                              capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _cgroup_roots() -> dict:
+    """Writable cgroup controllers: {"v2": path} or {"memory": path, "pids": path} (v1)."""
+    roots = {}
+    v2 = "/sys/fs/cgroup"
+    for cand in (v2, "/sys/fs/cgroup/unified"):
+        try:
+            with open(os.path.join(cand, "cgroup.controllers")) as f:
+                ctl = f.read().split()
+            with open(os.path.join(cand, "cgroup.subtree_control")) as f:
+                sub = f.read().split()
+        except OSError:
+            continue
+        if {"memory", "pids"} <= set(ctl) and {"memory", "pids"} <= set(sub) \
+                and os.access(cand, os.W_OK):
+            return {"v2": cand}
+    for ctl in ("memory", "pids"):
+        p = os.path.join(v2, ctl)
+        if os.path.isfile(os.path.join(p, "cgroup.procs")) and os.access(p, os.W_OK):
+            roots[ctl] = p
+    return roots if len(roots) == 2 else {}
+
+
+def capabilities() -> dict:
+    """Which containment primitives this host offers (probed once, cached)."""
+    global _caps
+    with _caps_lock:
+        if _caps is None:
+            root = os.geteuid() == 0
+            caps = {
+                "drop_uid": root,
+                "namespaces": _probe_namespaces(),
+                "cgroup": _cgroup_roots() if root else {},
+                "python": _default_python(),
+            }
+            if not caps["drop_uid"]:
+                _warn_once("uid", "not running as root: programs keep the caller's uid "
+                           "(RLIMIT_NPROC counts all of the caller's processes; files the "
+                           "caller can write are writable)")
+            if not caps["namespaces"]:
+                _warn_once("ns", "Linux namespaces unavailable: no network isolation, "
+                           "stray processes are killed by uid/process group instead")
+            if not caps["cgroup"]:
+                _warn_once("cgroup", "no writable cgroup: memory is bounded per process "
+                           "(RLIMIT_AS) only, not for the whole process tree")
+            _caps = caps
+        return _caps
+
+
+def _uid_pids(uid: int) -> list[int]:
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                for line in f:
+                    if line.startswith("Uid:"):
+                        if int(line.split()[1]) == uid:
+                            pids.append(int(name))
+                        break
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def _kill_uid(uid: int, wait_s: float = 0.0) -> int:
+    """SIGKILL every process of `uid` still alive after `wait_s` (time for a dying PID namespace
+    to empty itself); returns how many were left. kill(-1) issued *as* that uid reaches exactly
+    its processes, atomically with respect to forks."""
+    end = time.monotonic() + wait_s
+    left = _uid_pids(uid)
+    while left and time.monotonic() < end:
+        time.sleep(0.01)
+        left = _uid_pids(uid)
+    for _ in range(50):
+        if not _uid_pids(uid):
+            break
+        subprocess.run([capabilities()["python"], "-I", "-S", "-c",
+                        "import os,signal; os.kill(-1, signal.SIGKILL)"],
+                       user=uid, group=uid, extra_groups=[], env={}, check=False)
+        time.sleep(0.01)
+    return len(left)
+
+
+def _allocate_uid() -> int:
+    while True:
+        uid = _UID_BASE + secrets.randbelow(_UID_SPAN)
+        if not _uid_pids(uid):
+            return uid
+
+
+def _make_cgroup(roots: dict, uid: int, memory_mb: int, max_processes: int) -> list[str]:
+    dirs = []
+    try:
+        if "v2" in roots:
+            d = os.path.join(roots["v2"], f"jaxsocial-sandbox-{uid}")
+            os.mkdir(d)
+            dirs.append(d)
+            _write(os.path.join(d, "memory.max"), str(memory_mb << 20))
+            _write(os.path.join(d, "memory.swap.max"), "0", optional=True)
+            _write(os.path.join(d, "pids.max"), str(max_processes))
+        else:
+            d = os.path.join(roots["memory"], f"jaxsocial-sandbox-{uid}")
+            os.mkdir(d)
+            dirs.append(d)
+            _write(os.path.join(d, "memory.limit_in_bytes"), str(memory_mb << 20))
+            d = os.path.join(roots["pids"], f"jaxsocial-sandbox-{uid}")
+            os.mkdir(d)
+            dirs.append(d)
+            _write(os.path.join(d, "pids.max"), str(max_processes))
+    except OSError as e:
+        _remove_cgroups(dirs)
+        _warn_once("cgroup-mk", f"could not create a cgroup ({e}); memory is bounded per process")
+        return []
+    return dirs
+
+
+def _write(path: str, value: str, optional: bool = False) -> None:
+    try:
+        with open(path, "w") as f:
+            f.write(value)
+    except OSError:
+        if not optional:
+            raise
+
+
+def _remove_cgroups(dirs: Iterable[str]) -> None:
+    for d in dirs:
+        for _ in range(100):
+            try:
+                os.rmdir(d)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.01)
+
+
+def _check_args(code, timeout_s, memory_mb, max_processes, max_file_mb, max_output_bytes):
+    if not isinstance(code, (str, bytes)):
+        raise TypeError(f"code must be str or bytes, got {type(code).__name__}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    for name, v, lo in (("memory_mb", memory_mb, 32), ("max_processes", max_processes, 1),
+                        ("max_file_mb", max_file_mb, 1), ("max_output_bytes", max_output_bytes, 1)):
+        if not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+
+
+def run(code: str | bytes, timeout_s: float = 10.0, memory_mb: int = 1024, *,
+        max_processes: int = 32, max_file_mb: int = 16, max_open_files: int = 64,
+        max_output_bytes: int = 1 << 20, python: str | None = None) -> SandboxResult:
+    """Run Python source `code` as ``python -I program.py`` in a fresh sandbox.
+
+    timeout_s: wall-clock seconds for the program (setup excluded); RLIMIT_CPU = ceil + 1.
+    memory_mb: RLIMIT_AS/RLIMIT_DATA per process and, with a cgroup, the whole tree's memory.
+    max_processes: RLIMIT_NPROC (and cgroup pids.max). max_file_mb: RLIMIT_FSIZE and tmpfs size.
+    max_output_bytes: cap on each of stdout/stderr; a program exceeding it is killed and
+    reported "failed" with ``truncated=True``.
+    """
+    _check_args(code, timeout_s, memory_mb, max_processes, max_file_mb, max_output_bytes)
+    caps = capabilities()
+    data = code.encode("utf-8") if isinstance(code, str) else code
+    uid = _allocate_uid() if caps["drop_uid"] else os.getuid()
+    gid = uid if caps["drop_uid"] else os.getgid()
+    cgroups = _make_cgroup(caps["cgroup"], uid, memory_mb, max_processes) if caps["cgroup"] else []
+    workdir = None
+    if not caps["namespaces"]:
+        workdir = tempfile.mkdtemp(prefix="jaxsocial-sandbox-")
+    mem = memory_mb << 20
+    rlimits = [("RLIMIT_CPU", int(timeout_s) + 2), ("RLIMIT_AS", mem), ("RLIMIT_DATA", mem),
+               ("RLIMIT_FSIZE", max_file_mb << 20), ("RLIMIT_NOFILE", max_open_files),
+               ("RLIMIT_CORE", 0)]
+    if caps["drop_uid"]:  # for a shared uid this would count the caller's own processes
+        rlimits.append(("RLIMIT_NPROC", max_processes))
+    status_r, status_w = os.pipe()
+    cfg = {
+        "status_fd": status_w, "host_pid": os.getpid(), "uid": uid, "gid": gid,
+        "drop_uid": caps["drop_uid"], "namespaces": caps["namespaces"], "ns_flags": _NS_FLAGS,
+        "cgroup_procs": [os.path.join(d, "cgroup.procs") for d in cgroups],
+        "tmpfs_kb": (max_file_mb << 10) * 2, "workdir": workdir, "rlimits": rlimits,
+        "python": python or caps["python"],
+        "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+                "PYTHONHASHSEED": "0"},
+    }
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _INIT_SOURCE, json.dumps(cfg)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            pass_fds=(status_w,), env={}, start_new_session=True, close_fds=True)
+    finally:
+        os.close(status_w)
+    try:
+        result = _supervise(proc, data, status_r, timeout_s, max_output_bytes, t0)
+    finally:
+        os.close(status_r)
+        if proc.poll() is None:
+            _killpg(proc)
+        proc.wait()
+        leaked = _kill_uid(uid, 2.0 if caps["namespaces"] else 0.0) if caps["drop_uid"] else 0
+        _remove_cgroups(cgroups)
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if leaked:
+        result = dataclasses.replace(result, leaked=leaked)
+    return result
+
+
+def _killpg(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _supervise(proc, data, status_r, timeout_s, cap, t0) -> SandboxResult:
+    try:
+        proc.stdin.write(data)
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    sel = selectors.DefaultSelector()
+    bufs = {"stdout": bytearray(), "stderr": bytearray(), "status": bytearray()}
+    sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
+    sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
+    sel.register(status_r, selectors.EVENT_READ, "status")
+    setup_deadline = t0 + max(30.0, timeout_s)  # a loaded host can be slow to start Python
+    deadline = None
+    started = None
+    timed_out = truncated = False
+    open_streams = 3
+    while open_streams:
+        now = time.monotonic()
+        if deadline is None and b"started\n" in bufs["status"]:
+            started = now
+            deadline = now + timeout_s
+        limit = deadline if deadline is not None else setup_deadline
+        if now >= limit:
+            timed_out = True
+            break
+        for key, _ in sel.select(timeout=limit - now):
+            fd = key.fileobj if isinstance(key.fileobj, int) else key.fileobj.fileno()
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                sel.unregister(key.fileobj)
+                open_streams -= 1
+                continue
+            buf = bufs[key.data]
+            buf += chunk
+            if key.data != "status" and len(buf) > cap:
+                del buf[cap:]
+                truncated = True
+        if truncated:
+            break
+        # Stage 2 reported the program's end: its namespace is gone, so EOF follows at once;
+        # without namespaces a daemon may hold the pipes, so stop waiting after a grace period.
+        if any(bufs["status"].startswith(p) or b"\n" + p in bufs["status"]
+               for p in (b"exit ", b"signal ", b"error ")) and proc.poll() is not None:
+            grace = time.monotonic() + 0.5
+            while open_streams and time.monotonic() < grace:
+                for key, _ in sel.select(timeout=max(0.0, grace - time.monotonic())):
+                    fd = key.fileobj if isinstance(key.fileobj, int) else key.fileobj.fileno()
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        open_streams -= 1
+                    elif key.data != "status":
+                        bufs[key.data] += chunk[: max(0, cap - len(bufs[key.data]))]
+            break
+    sel.close()
+    if timed_out or truncated:
+        _killpg(proc)
+    duration = time.monotonic() - (started or t0)
+    out = bufs["stdout"].decode("utf-8", "replace")
+    err = bufs["stderr"].decode("utf-8", "replace")
+    lines = bufs["status"].decode("utf-8", "replace").split("\n")
+    final = next((ln for ln in reversed(lines) if ln and ln != "started"), "")
+
+    def res(status, rc, reason):
+        return SandboxResult(status, out, err, rc, reason, duration, truncated)
+
+    if timed_out:
+        return res("timeout", None, f"wall-clock timeout after {timeout_s:g}s"
+                   if started else "sandbox setup did not finish")
+    if truncated:
+        return res("failed", None, f"output exceeded {cap} bytes")
+    if final.startswith("exit "):
+        rc = int(final.split()[1])
+        return res("passed" if rc == 0 else "failed", rc, f"exit status {rc}")
+    if final.startswith("signal "):
+        sig = int(final.split()[1])
+        name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
+        if sig == signal.SIGXCPU:
+            return res("timeout", -sig, "CPU time limit (SIGXCPU)")
+        return res("crashed", -sig, f"killed by {name}")
+    if final.startswith("error "):
+        return res("crashed", None, "sandbox setup failed: " + final[6:])
+    return res("crashed", None, f"sandbox exited without a status (code {proc.returncode})")
+
+
+def run_many(codes: Sequence[str | bytes], *, max_workers: int | None = None,
+             **kwargs) -> list[SandboxResult]:
+    """`run` each program, up to `max_workers` (default: CPU count) at a time; results in order."""
+    codes = list(codes)
+    if not codes:
+        return []
+    workers = max_workers or os.cpu_count() or 1
+    if workers < 1:
+        raise ValueError(f"max_workers must be >= 1, got {max_workers!r}")
+    workers = min(workers, len(codes), os.cpu_count() or 1)
+    with concurrent.futures.ThreadPoolExecutor(workers) as ex:
+        return list(ex.map(lambda c: run(c, **kwargs), codes))

@@ -1,0 +1,240 @@
+"""The sandbox contains hostile programs and the host stays unharmed.
+
+Every test uses small limits (<= 256 MB, <= 16 processes, <= 3 s) so that a containment bug
+cannot take the shared machine down, and checks afterwards that no process of a sandbox uid is
+left and no file appeared outside the sandbox.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from jaxsocial.eval import sandbox
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Linux sandbox")
+
+LIMITS = dict(timeout_s=3.0, memory_mb=256, max_processes=16)
+
+
+def _sandbox_pids():
+    lo, hi = sandbox._UID_BASE, sandbox._UID_BASE + sandbox._UID_SPAN
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                uid = os.stat(f"/proc/{name}").st_uid
+            except OSError:
+                continue
+            if lo <= uid < hi:
+                out.append(int(name))
+    return out
+
+
+@pytest.fixture(autouse=True)
+def host_unharmed():
+    assert _sandbox_pids() == []
+    yield
+    deadline = time.monotonic() + 3
+    while _sandbox_pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _sandbox_pids() == [], "sandboxed processes survived the run"
+
+
+def test_pass_fail_and_output():
+    r = sandbox.run("print('hello'); import sys; print('err', file=sys.stderr)", **LIMITS)
+    assert (r.status, r.returncode, r.stdout, r.stderr) == ("passed", 0, "hello\n", "err\n")
+    r = sandbox.run("assert 1 + 1 == 3", **LIMITS)
+    assert r.status == "failed" and r.returncode == 1 and "AssertionError" in r.stderr
+    r = sandbox.run("import sys; sys.exit(7)", **LIMITS)
+    assert (r.status, r.returncode) == ("failed", 7)
+    r = sandbox.run("def f(:\n", **LIMITS)
+    assert r.status == "failed" and "SyntaxError" in r.stderr
+
+
+def test_killed_by_signal_is_crashed():
+    r = sandbox.run("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", **LIMITS)
+    assert r.status == "crashed" and r.returncode == -signal.SIGSEGV
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="timeout_s"):
+        sandbox.run("pass", timeout_s=0)
+    with pytest.raises(ValueError, match="memory_mb"):
+        sandbox.run("pass", memory_mb=1)
+    with pytest.raises(TypeError, match="code"):
+        sandbox.run(None)
+
+
+def test_children_die_with_the_program():
+    code = ("import os, time\n"
+            "for _ in range(5):\n"
+            "    if os.fork() == 0:\n"
+            "        time.sleep(60); os._exit(0)\n"
+            "print('spawned')\n")
+    r = sandbox.run(code, **LIMITS)
+    assert r.status == "passed" and r.stdout == "spawned\n"
+    # host_unharmed checks the five sleepers are gone.
+
+
+def test_infinite_loop_ignoring_sigterm_times_out():
+    code = ("import signal\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print('looping', flush=True)\n"
+            "while True:\n    pass\n")
+    t0 = time.monotonic()
+    r = sandbox.run(code, timeout_s=1.0, memory_mb=256, max_processes=16)
+    assert r.status == "timeout" and r.stdout == "looping\n"
+    assert time.monotonic() - t0 < 10
+
+
+def test_memory_bomb():
+    r = sandbox.run("x = bytearray(1 << 30)\nprint('allocated')", **LIMITS)
+    assert r.status in ("failed", "crashed") and "allocated" not in r.stdout
+    # Processes that each stay under the per-process limit: the cgroup (where available) bounds
+    # their sum, so at most one of four 192 MB children can finish its allocation.
+    code = ("import os\n"
+            "kids = []\n"
+            "for _ in range(4):\n"
+            "    pid = os.fork()\n"
+            "    if pid == 0:\n"
+            "        blocks = [b'\\x01' * (16 << 20) for _ in range(12)]\n"
+            "        __import__('time').sleep(0.5)\n"
+            "        os._exit(0)\n"
+            "    kids.append(pid)\n"
+            "ok = sum(os.waitpid(k, 0)[1] == 0 for k in kids)\n"
+            "print('ok', ok)\n")
+    r = sandbox.run(code, **LIMITS)
+    if not sandbox.capabilities()["cgroup"]:
+        pytest.skip("no cgroup: only per-process memory limits")
+    assert r.stdout in ("ok 0\n", "ok 1\n") or r.status == "crashed", (r.stdout, r.status)
+
+
+def test_fork_bomb():
+    code = ("import os\n"
+            "while True:\n"
+            "    try:\n"
+            "        os.fork()\n"
+            "    except OSError:\n"
+            "        pass\n")
+    r = sandbox.run(code, timeout_s=2.0, memory_mb=256, max_processes=16)
+    assert r.status in ("timeout", "failed", "crashed")
+
+
+def test_double_forked_daemon_does_not_survive():
+    code = ("import os, signal, time\n"
+            "r, w = os.pipe()\n"
+            "if os.fork() == 0:\n"
+            "    os.setsid()\n"
+            "    if os.fork() == 0:\n"
+            "        signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "        signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
+            "        os.write(w, b'up')\n"
+            "        time.sleep(120)\n"
+            "    os._exit(0)\n"
+            "print('daemon', os.read(r, 2).decode())\n")
+    r = sandbox.run(code, **LIMITS)
+    assert r.status == "passed" and r.stdout == "daemon up\n"
+    # host_unharmed asserts that no process of a sandbox uid remains.
+
+
+def test_cannot_write_outside_its_directory(tmp_path):
+    name = f"jaxsocial-sandbox-escape-{uuid.uuid4().hex}"
+    targets = [f"/tmp/{name}", f"/var/tmp/{name}", f"/dev/shm/{name}",
+               os.path.join(os.getcwd(), name), str(tmp_path / name), f"/{name}"]
+    code = ("import os\n"
+            f"targets = {targets!r}\n"
+            "wrote = []\n"
+            "for t in targets:\n"
+            "    try:\n"
+            "        with open(t, 'w') as f:\n"
+            "            f.write('pwned')\n"
+            "        wrote.append(t)\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "open('inside.txt', 'w').write('ok')\n"
+            "print(os.getcwd())\n")
+    r = sandbox.run(code, **LIMITS)
+    assert r.status == "passed", r.stderr
+    for t in targets:
+        assert not os.path.exists(t), f"sandbox wrote {t} on the host"
+    # The working directory the program saw is gone too (its tmpfs or temp dir was removed).
+    assert not os.path.exists(os.path.join(r.stdout.strip(), "inside.txt"))
+
+
+def test_file_size_limit():
+    r = sandbox.run("open('big', 'wb').write(b'x' * (8 << 20))", timeout_s=3.0, memory_mb=256,
+                    max_processes=16, max_file_mb=1)
+    assert r.status in ("failed", "crashed")
+
+
+def test_cannot_read_the_callers_environment(monkeypatch):
+    secret = f"s3cr3t-{uuid.uuid4().hex}"
+    monkeypatch.setenv("JAXSOCIAL_TEST_SECRET", secret)
+    code = ("import os\n"
+            "found = [v for v in os.environ.values()]\n"
+            "for pid in [p for p in os.listdir('/proc') if p.isdigit()] + "
+            f"['{os.getpid()}', 'self', '1']:\n"
+            "    try:\n"
+            "        found.append(open(f'/proc/{pid}/environ', 'rb').read().decode('latin1'))\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "print('\\n'.join(found))\n")
+    r = sandbox.run(code, **LIMITS)
+    assert r.status == "passed"
+    assert secret not in r.stdout and "JAXSOCIAL_TEST_SECRET" not in r.stdout
+    assert "PATH" in r.stdout  # the minimal environment it does get
+
+
+def test_cannot_signal_the_caller():
+    victim = subprocess.Popen(["sleep", "30"])
+    try:
+        code = ("import os, signal\n"
+                "hits = 0\n"
+                f"for pid in ({os.getpid()}, {victim.pid}, os.getppid(), 1):\n"
+                "    try:\n"
+                "        os.kill(pid, signal.SIGKILL); hits += 1\n"
+                "    except OSError:\n"
+                "        pass\n"
+                "try:\n"
+                "    os.kill(-1, signal.SIGKILL)\n"
+                "except OSError:\n"
+                "    pass\n"
+                "print('hits', hits)\n")
+        r = sandbox.run(code, **LIMITS)
+        assert victim.poll() is None, "sandbox killed a host process"
+        assert r.status in ("passed", "crashed")  # kill(-1) may take the program itself down
+        assert "hits 0" in r.stdout or r.stdout == ""
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_no_network():
+    code = ("import socket\n"
+            "s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
+            "s.settimeout(1)\n"
+            "s.connect(('1.1.1.1', 80))\n"
+            "print('connected')\n")
+    r = sandbox.run(code, **LIMITS)
+    if not sandbox.capabilities()["namespaces"]:
+        pytest.skip("no network namespace on this host")
+    assert r.status == "failed" and "connected" not in r.stdout
+    assert "OSError" in r.stderr or "unreachable" in r.stderr
+
+
+def test_huge_output_is_capped():
+    r = sandbox.run("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n",
+                    timeout_s=3.0, memory_mb=256, max_processes=16, max_output_bytes=10_000)
+    assert r.truncated and len(r.stdout) == 10_000 and r.status == "failed"
+
+
+def test_run_many_keeps_going_and_keeps_order():
+    codes = ["print(1)", "while True: pass", "import sys; sys.exit(2)", "print(4)"]
+    rs = sandbox.run_many(codes, timeout_s=1.0, memory_mb=256, max_processes=16)
+    assert [r.status for r in rs] == ["passed", "timeout", "failed", "passed"]
+    assert rs[3].stdout == "4\n"
