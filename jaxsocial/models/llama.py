@@ -25,6 +25,9 @@ Array = jax.Array
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+_ROPE_REQUIRED_KEYS = {"default": (), "linear": ("factor",),
+                       "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                                  "original_max_position_embeddings")}
 
 
 def as_dtype(name: Union[str, Any]) -> Any:
@@ -94,6 +97,10 @@ class LlamaConfig:
         if rope_type not in _SUPPORTED_ROPE_TYPES:
             raise ValueError(
                 f"unsupported rope type {rope_type!r}; supported: {_SUPPORTED_ROPE_TYPES}")
+        missing = [k for k in _ROPE_REQUIRED_KEYS[rope_type] if k not in self.rope_scaling_dict]
+        if missing:
+            raise ValueError(f"{rope_type} rope_scaling is missing {missing}: "
+                             f"{self.rope_scaling_dict}")
 
     @property
     def rope_scaling_dict(self) -> Optional[dict]:
