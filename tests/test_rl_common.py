@@ -31,34 +31,41 @@ def make_prompts(key, batch, prompt_len, vocab, min_len=2):
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "scfg", "n"))
-def sample_responses(graphdef, weights, prompt, prompt_mask, key, scfg, n):
-    """Sample n tokens per row through the KV cache. -> (tokens [B, n], logprobs [B, n])."""
+def sample_responses(graphdef, weights, prompt, prompt_mask, key, scfg, n, allowed=None):
+    """Sample n tokens per row through the KV cache (optional grammar mask allowed
+    [B, n, V] bool). -> (tokens [B, n], logprobs [B, n])."""
     from flax import nnx
     model = nnx.merge(graphdef, weights)
     b, p = prompt.shape
     cache = llama.init_cache(model.config, b, p + n)
     out = model.forward(prompt, prompt_mask, cache=cache)
 
-    def step(carry, k):
+    if allowed is None:
+        allowed = jnp.ones((b, n, model.config.vocab_size), bool)
+
+    def step(carry, xs):
         logits, cache = carry
-        tok, lp = sampling_lib.sample(k, logits, scfg)
+        k, allow = xs
+        tok, lp = sampling_lib.sample(k, logits, scfg, allow)
         o = model.forward(tok[:, None], jnp.ones((b, 1), bool), cache=cache)
         return (o.logits[:, -1], o.cache), (tok, lp)
 
-    _, (toks, lps) = jax.lax.scan(step, (out.logits[:, -1], out.cache), jax.random.split(key, n))
+    xs = (jax.random.split(key, n), jnp.swapaxes(allowed, 0, 1))
+    _, (toks, lps) = jax.lax.scan(step, (out.logits[:, -1], out.cache), xs)
     return toks.T, lps.T
 
 
 def rollout(pdef, params, ref_params, cfg, key, prompt, prompt_mask, n, score_fn,
-            response_mask=None):
+            response_mask=None, allowed=None):
     """Sample, score with `score_fn(tokens) -> [B]`, fill log-probs/values by score_batch."""
     scfg = policy_lib._sampling(cfg, n)
     weights = policy_lib.policy_weights(pdef, params, ref_params)
-    toks, gen_lp = sample_responses(pdef.graphdef, weights, prompt, prompt_mask, key, scfg, n)
+    toks, gen_lp = sample_responses(pdef.graphdef, weights, prompt, prompt_mask, key, scfg, n,
+                                   allowed)
     if response_mask is None:
         response_mask = jnp.ones(toks.shape, bool)
     traj = buffer.make_trajectory(prompt, prompt_mask, toks, response_mask,
-                                  scores=score_fn(toks))
+                                  scores=score_fn(toks), allowed=allowed)
     lp, ref, values = _score(pdef, cfg, params, ref_params, traj)
     return traj.replace(old_logprobs=lp, ref_logprobs=ref, values=values), gen_lp
 

@@ -384,7 +384,7 @@ def run_epochs(loss_fn: Callable, tx: optax.GradientTransformation, schedule: op
         init = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32),
                 jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_metrics))
         (grads, loss, metrics), _ = jax.lax.scan(micro_step, init, mb)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         updates, new_opt_state = tx.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
