@@ -29,48 +29,48 @@ from jaxsocial.social.state import (EMPTY, PostKind, ReactionKind, SocialParams,
 
 
 class ActionType(enum.IntEnum):
-  DO_NOTHING = 0
-  CREATE_POST = 1
-  LIKE_POST = 2
-  UNLIKE_POST = 3
-  DISLIKE_POST = 4
-  UNDO_DISLIKE_POST = 5
-  REPORT_POST = 6
-  REPOST = 7
-  QUOTE_POST = 8
-  CREATE_COMMENT = 9
-  LIKE_COMMENT = 10
-  UNLIKE_COMMENT = 11
-  DISLIKE_COMMENT = 12
-  UNDO_DISLIKE_COMMENT = 13
-  FOLLOW = 14
-  UNFOLLOW = 15
-  MUTE = 16
-  UNMUTE = 17
-  REFRESH = 18
-  MALFORMED = 19  # an agent output that did not parse: counted, never applied
+    DO_NOTHING = 0
+    CREATE_POST = 1
+    LIKE_POST = 2
+    UNLIKE_POST = 3
+    DISLIKE_POST = 4
+    UNDO_DISLIKE_POST = 5
+    REPORT_POST = 6
+    REPOST = 7
+    QUOTE_POST = 8
+    CREATE_COMMENT = 9
+    LIKE_COMMENT = 10
+    UNLIKE_COMMENT = 11
+    DISLIKE_COMMENT = 12
+    UNDO_DISLIKE_COMMENT = 13
+    FOLLOW = 14
+    UNFOLLOW = 15
+    MUTE = 16
+    UNMUTE = 17
+    REFRESH = 18
+    MALFORMED = 19  # an agent output that did not parse: counted, never applied
 
 
 NUM_TYPES = len(ActionType)
 
 
 class Reason(enum.IntEnum):
-  OK = 0
-  PADDING = 1  # valid=False rows: no action, not an error
-  MALFORMED = 2
-  BAD_TYPE = 3
-  BAD_ACTOR = 4
-  MISSING_POST = 5  # id never existed (negative or >= next_id)
-  STALE_POST = 6  # id was evicted from the ring buffer (or a repost whose original was)
-  WRONG_KIND = 7  # post action on a comment, comment action on a post, comment on a comment
-  BAD_USER = 8
-  SELF_TARGET = 9  # follow / mute oneself
-  DUPLICATE = 10  # liked / disliked / reposted / reported twice, followed or muted twice
-  NOTHING_TO_UNDO = 11  # unlike without like, unfollow a stranger, unmute a non-muted user
-  CONFLICT_IN_BATCH = 12  # same (actor, family, target) already acted on earlier in the batch
-  MEMORY_FULL = 13  # the reaction ring slot to write still records a live post
-  FOLLOWING_FULL = 14
-  MUTE_FULL = 15
+    OK = 0
+    PADDING = 1  # valid=False rows: no action, not an error
+    MALFORMED = 2
+    BAD_TYPE = 3
+    BAD_ACTOR = 4
+    MISSING_POST = 5  # id never existed (negative or >= next_id)
+    STALE_POST = 6  # id was evicted from the ring buffer (or a repost whose original was)
+    WRONG_KIND = 7  # post action on a comment, comment action on a post, comment on a comment
+    BAD_USER = 8
+    SELF_TARGET = 9  # follow / mute oneself
+    DUPLICATE = 10  # liked / disliked / reposted / reported twice, followed or muted twice
+    NOTHING_TO_UNDO = 11  # unlike without like, unfollow a stranger, unmute a non-muted user
+    CONFLICT_IN_BATCH = 12  # same (actor, family, target) already acted on earlier in the batch
+    MEMORY_FULL = 13  # the reaction ring slot to write still records a live post
+    FOLLOWING_FULL = 14
+    MUTE_FULL = 15
 
 
 NUM_REASONS = len(Reason)
@@ -89,10 +89,10 @@ _NUM_FAM = 8
 
 
 def _table(mapping, default=0, dtype=np.int32):
-  out = np.full((NUM_TYPES,), default, dtype)
-  for k, v in mapping.items():
-    out[int(k)] = v
-  return out
+    out = np.full((NUM_TYPES,), default, dtype)
+    for k, v in mapping.items():
+        out[int(k)] = v
+    return out
 
 
 _NEEDS_POST = _table({t: 1 for t in _POST_TARGET})
@@ -121,287 +121,288 @@ _INT_MAX = np.iinfo(np.int32).max
 
 @struct.dataclass
 class ActionBatch:
-  """B actions.  `target` is a global post id for post/comment actions, a user id for
-  follow/mute; ignored otherwise.  `content` and `embedding` are read for create_post,
-  quote_post and create_comment (the caller embeds tokens with a frozen encoder; a repost copies
-  its original's).  `valid=False` rows are padding: ignored and not counted as invalid; an
-  unparsable agent output should be `type=MALFORMED` (counted)."""
-  type: jax.Array  # [B] int32 ActionType
-  actor: jax.Array  # [B] int32 user id
-  target: jax.Array  # [B] int32
-  content: jax.Array  # [B, L] int32 token ids
-  embedding: jax.Array  # [B, d] float32
-  valid: jax.Array  # [B] bool
+    """B actions.  `target` is a global post id for post/comment actions, a user id for
+    follow/mute; ignored otherwise.  `content` and `embedding` are read for create_post,
+    quote_post and create_comment (the caller embeds tokens with a frozen encoder; a repost copies
+    its original's).  `valid=False` rows are padding: ignored and not counted as invalid; an
+    unparsable agent output should be `type=MALFORMED` (counted)."""
+    type: jax.Array  # [B] int32 ActionType
+    actor: jax.Array  # [B] int32 user id
+    target: jax.Array  # [B] int32
+    content: jax.Array  # [B, L] int32 token ids
+    embedding: jax.Array  # [B, d] float32
+    valid: jax.Array  # [B] bool
 
-  @property
-  def size(self) -> int:
-    return self.type.shape[0]
+    @property
+    def size(self) -> int:
+        return self.type.shape[0]
 
 
 def empty_actions(batch: int, params: SocialParams) -> ActionBatch:
-  """A no-op batch of `batch` padding rows (batch may be 0)."""
-  if batch < 0:
-    raise ValueError(f"batch must be >= 0, got {batch}")
-  return ActionBatch(
-      type=jnp.zeros((batch,), jnp.int32), actor=jnp.zeros((batch,), jnp.int32),
-      target=jnp.full((batch,), EMPTY, jnp.int32),
-      content=jnp.zeros((batch, params.content_len), jnp.int32),
-      embedding=jnp.zeros((batch, params.embed_dim), jnp.float32),
-      valid=jnp.zeros((batch,), bool))
+    """A no-op batch of `batch` padding rows (batch may be 0)."""
+    if batch < 0:
+        raise ValueError(f"batch must be >= 0, got {batch}")
+    return ActionBatch(
+        type=jnp.zeros((batch,), jnp.int32), actor=jnp.zeros((batch,), jnp.int32),
+        target=jnp.full((batch,), EMPTY, jnp.int32),
+        content=jnp.zeros((batch, params.content_len), jnp.int32),
+        embedding=jnp.zeros((batch, params.embed_dim), jnp.float32),
+        valid=jnp.zeros((batch,), bool))
 
 
 def make_actions(params: SocialParams, type, actor, target=None, content=None, embedding=None,
                  valid=None) -> ActionBatch:
-  """Build a batch from array-likes `[B]` (content `[B, L]`, embedding `[B, d]` default 0)."""
-  type = jnp.asarray(type, jnp.int32)
-  b = type.shape[0]
-  fill = lambda x, shape, dt, v: (jnp.full(shape, v, dt) if x is None
-                                  else jnp.asarray(x, dt).reshape(shape))
-  return ActionBatch(
-      type=type, actor=fill(actor, (b,), jnp.int32, 0), target=fill(target, (b,), jnp.int32, -1),
-      content=fill(content, (b, params.content_len), jnp.int32, 0),
-      embedding=fill(embedding, (b, params.embed_dim), jnp.float32, 0.0),
-      valid=fill(valid, (b,), bool, True))
+    """Build a batch from array-likes `[B]` (content `[B, L]`, embedding `[B, d]` default 0)."""
+    type = jnp.asarray(type, jnp.int32)
+    b = type.shape[0]
+    fill = lambda x, shape, dt, v: (jnp.full(shape, v, dt) if x is None
+                                    else jnp.asarray(x, dt).reshape(shape))
+    return ActionBatch(
+        type=type, actor=fill(actor, (b,), jnp.int32, 0), target=fill(target, (b,), jnp.int32, -1),
+        content=fill(content, (b, params.content_len), jnp.int32, 0),
+        embedding=fill(embedding, (b, params.embed_dim), jnp.float32, 0.0),
+        valid=fill(valid, (b,), bool, True))
 
 
 @struct.dataclass
 class ApplyInfo:
-  reason: jax.Array  # [B] int32 Reason (OK = applied)
-  effective_target: jax.Array  # [B] int32 post id after repost redirection, or the user id
-  created_id: jax.Array  # [B] int32 global id of the post this action created, else EMPTY
-  created_slot: jax.Array  # [B] int32 ring slot (id % P), EMPTY if none
-  created_generation: jax.Array  # [B] int32 id // P, EMPTY if none
-  type_counts: jax.Array  # [NUM_TYPES] int32 applied actions per ActionType
-  invalid_counts: jax.Array  # [NUM_REASONS] int32 rows per Reason (OK and PADDING included)
-  like_delta: jax.Array  # [P] int32 net likes this batch per slot, for the post now in the slot
+    reason: jax.Array  # [B] int32 Reason (OK = applied)
+    effective_target: jax.Array  # [B] int32 post id after repost redirection, or the user id
+    created_id: jax.Array  # [B] int32 global id of the post this action created, else EMPTY
+    created_slot: jax.Array  # [B] int32 ring slot (id % P), EMPTY if none
+    created_generation: jax.Array  # [B] int32 id // P, EMPTY if none
+    type_counts: jax.Array  # [NUM_TYPES] int32 applied actions per ActionType
+    invalid_counts: jax.Array  # [NUM_REASONS] int32 rows per Reason (OK and PADDING included)
+    like_delta: jax.Array  # [P] int32 net likes this batch per slot, for the post now in the slot
 
-  @property
-  def accepted(self) -> jax.Array:
-    return self.reason == Reason.OK
+    @property
+    def accepted(self) -> jax.Array:
+        return self.reason == Reason.OK
 
 
 def _first_in_group(k1, k2, mask):
-  """[B] bool: True for the first masked row (batch order) of each (k1, k2) group."""
-  b = k1.shape[0]
-  idx = jnp.arange(b, dtype=jnp.int32)
-  k1 = jnp.where(mask, k1, _INT_MAX)
-  s1, s2, order = jax.lax.sort((k1, k2, idx), num_keys=3)
-  new = jnp.concatenate([jnp.ones((1,), bool), (s1[1:] != s1[:-1]) | (s2[1:] != s2[:-1])])
-  return jnp.zeros((b,), bool).at[order].set(new) & mask
+    """[B] bool: True for the first masked row (batch order) of each (k1, k2) group."""
+    b = k1.shape[0]
+    idx = jnp.arange(b, dtype=jnp.int32)
+    k1 = jnp.where(mask, k1, _INT_MAX)
+    s1, s2, order = jax.lax.sort((k1, k2, idx), num_keys=3)
+    new = jnp.concatenate([jnp.ones((1,), bool), (s1[1:] != s1[:-1]) | (s2[1:] != s2[:-1])])
+    return jnp.zeros((b,), bool).at[order].set(new) & mask
 
 
 def _rank_in_group(key, mask):
-  """[B] int32: rank of each masked row among masked rows with the same key, in batch order."""
-  b = key.shape[0]
-  idx = jnp.arange(b, dtype=jnp.int32)
-  ks, order = jax.lax.sort((jnp.where(mask, key, _INT_MAX), idx), num_keys=2)
-  new = jnp.concatenate([jnp.ones((1,), bool), ks[1:] != ks[:-1]])
-  start = jax.lax.cummax(jnp.where(new, idx, 0))
-  return jnp.zeros((b,), jnp.int32).at[order].set(idx - start)
+    """[B] int32: rank of each masked row among masked rows with the same key, in batch order."""
+    b = key.shape[0]
+    idx = jnp.arange(b, dtype=jnp.int32)
+    ks, order = jax.lax.sort((jnp.where(mask, key, _INT_MAX), idx), num_keys=2)
+    new = jnp.concatenate([jnp.ones((1,), bool), ks[1:] != ks[:-1]])
+    start = jax.lax.cummax(jnp.where(new, idx, 0))
+    return jnp.zeros((b,), jnp.int32).at[order].set(idx - start)
 
 
 def _kth_free(rows, rank):
-  """Position of the (rank+1)-th EMPTY entry of each row `[B, W]` and whether it exists."""
-  c = jnp.cumsum(rows == EMPTY, axis=1)
-  hit = c == (rank[:, None] + 1)
-  return jnp.argmax(hit, axis=1).astype(jnp.int32), jnp.any(hit, axis=1)
+    """Position of the (rank+1)-th EMPTY entry of each row `[B, W]` and whether it exists."""
+    c = jnp.cumsum(rows == EMPTY, axis=1)
+    hit = c == (rank[:, None] + 1)
+    return jnp.argmax(hit, axis=1).astype(jnp.int32), jnp.any(hit, axis=1)
 
 
 def _check_batch(state: SocialState, actions: ActionBatch, params: SocialParams):
-  b = actions.type.shape[0]
-  if actions.type.ndim != 1:
-    raise ValueError(f"actions.type must be [B], got shape {actions.type.shape}")
-  if b > params.post_capacity:
-    raise ValueError(f"action batch of {b} exceeds post_capacity={params.post_capacity}")
-  for name, shape in (("actor", (b,)), ("target", (b,)), ("valid", (b,)),
-                      ("content", (b, params.content_len)),
-                      ("embedding", (b, params.embed_dim))):
-    got = getattr(actions, name).shape
-    if got != shape:
-      raise ValueError(f"actions.{name} has shape {got}, expected {shape}")
-  if state.posts.id.shape != (params.post_capacity,):
-    raise ValueError(f"state.posts has shape {state.posts.id.shape}, params say "
-                     f"post_capacity={params.post_capacity}")
+    b = actions.type.shape[0]
+    if actions.type.ndim != 1:
+        raise ValueError(f"actions.type must be [B], got shape {actions.type.shape}")
+    if b > params.post_capacity:
+        raise ValueError(f"action batch of {b} exceeds post_capacity={params.post_capacity}")
+    for name, shape in (("actor", (b,)), ("target", (b,)), ("valid", (b,)),
+                        ("content", (b, params.content_len)),
+                        ("embedding", (b, params.embed_dim))):
+        got = getattr(actions, name).shape
+        if got != shape:
+            raise ValueError(f"actions.{name} has shape {got}, expected {shape}")
+    if state.posts.id.shape != (params.post_capacity,):
+        raise ValueError(f"state.posts has shape {state.posts.id.shape}, params say "
+                         f"post_capacity={params.post_capacity}")
 
 
 def apply_actions(state: SocialState, actions: ActionBatch, params: SocialParams
                   ) -> tuple[SocialState, ApplyInfo]:
-  """Apply a batch of B actions at once.  Cost O(B (log B + R + F + M + L + d) + P).
+    """Apply a batch of B actions at once.  Cost O(B (log B + R + F + M + L + d) + P).
 
-  Returns the new state and an `ApplyInfo` (per-row reason, created ids, counts, per-slot like
-  delta).  Pure and jittable; vmappable over societies.
-  """
-  _check_batch(state, actions, params)
-  posts, graph, mem, users = state.posts, state.graph, state.memory, state.users
-  n, cap = params.num_users, params.post_capacity
-  b = actions.size
-  t = actions.type
-  actor_raw = actions.actor
-  tgt = actions.target
+    Returns the new state and an `ApplyInfo` (per-row reason, created ids, counts, per-slot like
+    delta).  Pure and jittable; vmappable over societies.
+    """
+    _check_batch(state, actions, params)
+    posts, graph, mem, users = state.posts, state.graph, state.memory, state.users
+    n, cap = params.num_users, params.post_capacity
+    b = actions.size
+    t = actions.type
+    actor_raw = actions.actor
+    tgt = actions.target
 
-  type_ok = (t >= 0) & (t < NUM_TYPES)
-  tc = jnp.clip(t, 0, NUM_TYPES - 1)
-  lookup = lambda table: jnp.asarray(table)[tc]
-  needs_post, needs_comment, needs_user = (lookup(_NEEDS_POST) > 0, lookup(_NEEDS_COMMENT) > 0,
-                                           lookup(_NEEDS_USER) > 0)
-  fam, direction, creates = lookup(_FAMILY), lookup(_DIRECTION), lookup(_CREATES) > 0
-  actor_ok = (actor_raw >= 0) & (actor_raw < n)
-  actor = jnp.clip(actor_raw, 0, n - 1)
+    type_ok = (t >= 0) & (t < NUM_TYPES)
+    tc = jnp.clip(t, 0, NUM_TYPES - 1)
+    lookup = lambda table: jnp.asarray(table)[tc]
+    needs_post, needs_comment, needs_user = (lookup(_NEEDS_POST) > 0, lookup(_NEEDS_COMMENT) > 0,
+                                             lookup(_NEEDS_USER) > 0)
+    fam, direction, creates = lookup(_FAMILY), lookup(_DIRECTION), lookup(_CREATES) > 0
+    actor_ok = (actor_raw >= 0) & (actor_raw < n)
+    actor = jnp.clip(actor_raw, 0, n - 1)
 
-  # --- target resolution against the pre-batch state
-  exists = (tgt >= 0) & (tgt < posts.next_id)
-  tslot = posts.slot(tgt)
-  alive = exists & (posts.id[tslot] == tgt)
-  tkind = posts.kind[tslot]
-  redirect = needs_post & (tkind == PostKind.REPOST)
-  eff_post = jnp.where(redirect, posts.parent[tslot], tgt)
-  eff_alive = alive & posts.alive(eff_post)
-  user_ok = (tgt >= 0) & (tgt < n)
+    # --- target resolution against the pre-batch state
+    exists = (tgt >= 0) & (tgt < posts.next_id)
+    tslot = posts.slot(tgt)
+    alive = exists & (posts.id[tslot] == tgt)
+    tkind = posts.kind[tslot]
+    redirect = needs_post & (tkind == PostKind.REPOST)
+    eff_post = jnp.where(redirect, posts.parent[tslot], tgt)
+    eff_alive = alive & posts.alive(eff_post)
+    user_ok = (tgt >= 0) & (tgt < n)
 
-  reason = jnp.full((b,), Reason.OK, jnp.int32)
+    reason = jnp.full((b,), Reason.OK, jnp.int32)
 
-  def reject(reason, cond, code):
-    return jnp.where((reason == Reason.OK) & cond, jnp.int32(code), reason)
+    def reject(reason, cond, code):
+        return jnp.where((reason == Reason.OK) & cond, jnp.int32(code), reason)
 
-  targets_post = needs_post | needs_comment
-  reason = reject(reason, ~actions.valid, Reason.PADDING)
-  reason = reject(reason, ~type_ok, Reason.BAD_TYPE)
-  reason = reject(reason, t == T.MALFORMED, Reason.MALFORMED)
-  reason = reject(reason, ~actor_ok, Reason.BAD_ACTOR)
-  reason = reject(reason, targets_post & ~exists, Reason.MISSING_POST)
-  reason = reject(reason, targets_post & ~eff_alive, Reason.STALE_POST)
-  reason = reject(reason, needs_post & (tkind == PostKind.COMMENT), Reason.WRONG_KIND)
-  reason = reject(reason, needs_comment & (tkind != PostKind.COMMENT), Reason.WRONG_KIND)
-  reason = reject(reason, needs_user & ~user_ok, Reason.BAD_USER)
-  reason = reject(reason, needs_user & (tgt == actor_raw), Reason.SELF_TARGET)
-  eff = jnp.where(targets_post, eff_post, jnp.where(needs_user, tgt, EMPTY))
+    targets_post = needs_post | needs_comment
+    reason = reject(reason, ~actions.valid, Reason.PADDING)
+    reason = reject(reason, ~type_ok, Reason.BAD_TYPE)
+    reason = reject(reason, t == T.MALFORMED, Reason.MALFORMED)
+    reason = reject(reason, ~actor_ok, Reason.BAD_ACTOR)
+    reason = reject(reason, targets_post & ~exists, Reason.MISSING_POST)
+    reason = reject(reason, targets_post & ~eff_alive, Reason.STALE_POST)
+    reason = reject(reason, needs_post & (tkind == PostKind.COMMENT), Reason.WRONG_KIND)
+    reason = reject(reason, needs_comment & (tkind != PostKind.COMMENT), Reason.WRONG_KIND)
+    reason = reject(reason, needs_user & ~user_ok, Reason.BAD_USER)
+    reason = reject(reason, needs_user & (tgt == actor_raw), Reason.SELF_TARGET)
+    eff = jnp.where(targets_post, eff_post, jnp.where(needs_user, tgt, EMPTY))
 
-  # --- in-batch conflicts: first row per (actor, family, target) wins
-  keyed = (reason == Reason.OK) & (fam != FAM_NONE)
-  first = _first_in_group(actor * _NUM_FAM + fam, eff, keyed)
-  reason = reject(reason, keyed & ~first, Reason.CONFLICT_IN_BATCH)
+    # --- in-batch conflicts: first row per (actor, family, target) wins
+    keyed = (reason == Reason.OK) & (fam != FAM_NONE)
+    first = _first_in_group(actor * _NUM_FAM + fam, eff, keyed)
+    reason = reject(reason, keyed & ~first, Reason.CONFLICT_IN_BATCH)
 
-  # --- state checks
-  is_rec = (fam >= FAM_LIKE) & (fam <= FAM_REPORT)
-  rk = jnp.asarray(_REACT_KIND)[fam]
-  rrow = mem.react_post[actor]  # [B, R]
-  rmatch = (rrow == eff[:, None]) & (mem.react_kind[actor].astype(jnp.int32) == rk[:, None])
-  frow = graph.following[actor]  # [B, F]
-  fmatch = frow == eff[:, None]
-  mrow = graph.muted[actor]  # [B, M]
-  mmatch = mrow == eff[:, None]
-  match = jnp.where(is_rec, jnp.any(rmatch, 1),
-                    jnp.where(fam == FAM_FOLLOW, jnp.any(fmatch, 1), jnp.any(mmatch, 1)))
-  keyed = fam != FAM_NONE
-  reason = reject(reason, keyed & (direction > 0) & match, Reason.DUPLICATE)
-  reason = reject(reason, keyed & (direction < 0) & ~match, Reason.NOTHING_TO_UNDO)
+    # --- state checks
+    is_rec = (fam >= FAM_LIKE) & (fam <= FAM_REPORT)
+    rk = jnp.asarray(_REACT_KIND)[fam]
+    rrow = mem.react_post[actor]  # [B, R]
+    rmatch = (rrow == eff[:, None]) & (mem.react_kind[actor].astype(jnp.int32) == rk[:, None])
+    frow = graph.following[actor]  # [B, F]
+    fmatch = frow == eff[:, None]
+    mrow = graph.muted[actor]  # [B, M]
+    mmatch = mrow == eff[:, None]
+    match = jnp.where(is_rec, jnp.any(rmatch, 1),
+                      jnp.where(fam == FAM_FOLLOW, jnp.any(fmatch, 1), jnp.any(mmatch, 1)))
+    keyed = fam != FAM_NONE
+    reason = reject(reason, keyed & (direction > 0) & match, Reason.DUPLICATE)
+    reason = reject(reason, keyed & (direction < 0) & ~match, Reason.NOTHING_TO_UNDO)
 
-  # --- capacity: rank inserts per (actor, memory), then find their slots
-  ins = (reason == Reason.OK) & keyed & (direction > 0)
-  mem_id = jnp.where(is_rec, 0, jnp.where(fam == FAM_FOLLOW, 1, 2))
-  rank = _rank_in_group(actor * 3 + mem_id, ins)
-  big_r = params.reaction_memory
-  rpos = (mem.react_head[actor] + rank) % big_r
-  old = jnp.take_along_axis(rrow, rpos[:, None], axis=1)[:, 0]
-  busy = (rank >= big_r) | posts.alive(old)
-  reason = reject(reason, ins & is_rec & busy, Reason.MEMORY_FULL)
+    # --- capacity: rank inserts per (actor, memory), then find their slots
+    ins = (reason == Reason.OK) & keyed & (direction > 0)
+    mem_id = jnp.where(is_rec, 0, jnp.where(fam == FAM_FOLLOW, 1, 2))
+    rank = _rank_in_group(actor * 3 + mem_id, ins)
+    big_r = params.reaction_memory
+    rpos = (mem.react_head[actor] + rank) % big_r
+    old = jnp.take_along_axis(rrow, rpos[:, None], axis=1)[:, 0]
+    busy = (rank >= big_r) | posts.alive(old)
+    reason = reject(reason, ins & is_rec & busy, Reason.MEMORY_FULL)
 
-  rem = (reason == Reason.OK) & keyed & (direction < 0)
-  rem_f = rem & (fam == FAM_FOLLOW)
-  rem_m = rem & (fam == FAM_MUTE)
-  fpos_rm = jnp.argmax(fmatch, axis=1).astype(jnp.int32)
-  mpos_rm = jnp.argmax(mmatch, axis=1).astype(jnp.int32)
-  drop_row = lambda m: jnp.where(m, actor, n)  # out-of-bounds row -> scatter dropped
-  following = graph.following.at[drop_row(rem_f), fpos_rm].set(EMPTY, mode="drop")
-  muted = graph.muted.at[drop_row(rem_m), mpos_rm].set(EMPTY, mode="drop")
-  fpos, f_free = _kth_free(following[actor], rank)
-  mpos, m_free = _kth_free(muted[actor], rank)
-  reason = reject(reason, ins & (fam == FAM_FOLLOW) & ~f_free, Reason.FOLLOWING_FULL)
-  reason = reject(reason, ins & (fam == FAM_MUTE) & ~m_free, Reason.MUTE_FULL)
+    rem = (reason == Reason.OK) & keyed & (direction < 0)
+    rem_f = rem & (fam == FAM_FOLLOW)
+    rem_m = rem & (fam == FAM_MUTE)
+    fpos_rm = jnp.argmax(fmatch, axis=1).astype(jnp.int32)
+    mpos_rm = jnp.argmax(mmatch, axis=1).astype(jnp.int32)
+    drop_row = lambda m: jnp.where(m, actor, n)  # out-of-bounds row -> scatter dropped
+    following = graph.following.at[drop_row(rem_f), fpos_rm].set(EMPTY, mode="drop")
+    muted = graph.muted.at[drop_row(rem_m), mpos_rm].set(EMPTY, mode="drop")
+    fpos, f_free = _kth_free(following[actor], rank)
+    mpos, m_free = _kth_free(muted[actor], rank)
+    reason = reject(reason, ins & (fam == FAM_FOLLOW) & ~f_free, Reason.FOLLOWING_FULL)
+    reason = reject(reason, ins & (fam == FAM_MUTE) & ~m_free, Reason.MUTE_FULL)
 
-  ok = reason == Reason.OK
-  ins = ok & keyed & (direction > 0)
-  ins_f, ins_m, ins_r = ins & (fam == FAM_FOLLOW), ins & (fam == FAM_MUTE), ins & is_rec
-  rem_r = ok & keyed & (direction < 0) & is_rec
+    ok = reason == Reason.OK
+    ins = ok & keyed & (direction > 0)
+    ins_f, ins_m, ins_r = ins & (fam == FAM_FOLLOW), ins & (fam == FAM_MUTE), ins & is_rec
+    rem_r = ok & keyed & (direction < 0) & is_rec
 
-  # --- relations
-  following = following.at[drop_row(ins_f), fpos].set(eff, mode="drop")
-  muted = muted.at[drop_row(ins_m), mpos].set(eff, mode="drop")
-  dfollow = jnp.where(ins_f, 1, 0) - jnp.where(rem_f, 1, 0)
-  num_following = users.num_following.at[actor].add(dfollow)
-  num_followers = users.num_followers.at[jnp.clip(eff, 0, n - 1)].add(dfollow)
+    # --- relations
+    following = following.at[drop_row(ins_f), fpos].set(eff, mode="drop")
+    muted = muted.at[drop_row(ins_m), mpos].set(eff, mode="drop")
+    dfollow = jnp.where(ins_f, 1, 0) - jnp.where(rem_f, 1, 0)
+    num_following = users.num_following.at[actor].add(dfollow)
+    num_followers = users.num_followers.at[jnp.clip(eff, 0, n - 1)].add(dfollow)
 
-  rpos_rm = jnp.argmax(rmatch, axis=1).astype(jnp.int32)
-  react_post = mem.react_post.at[drop_row(rem_r), rpos_rm].set(EMPTY, mode="drop")
-  react_post = react_post.at[drop_row(ins_r), rpos].set(eff, mode="drop")
-  react_kind = mem.react_kind.at[drop_row(ins_r), rpos].set(rk.astype(jnp.int8), mode="drop")
-  # Rows rejected as MEMORY_FULL consumed their ring position too: the head moves past them.
-  cand_r = is_rec & (direction > 0) & ((reason == Reason.OK) | (reason == Reason.MEMORY_FULL))
-  head_adv = jnp.zeros((n,), jnp.int32).at[drop_row(cand_r)].max(rank + 1, mode="drop")
-  react_head = (mem.react_head + head_adv) % big_r
+    rpos_rm = jnp.argmax(rmatch, axis=1).astype(jnp.int32)
+    react_post = mem.react_post.at[drop_row(rem_r), rpos_rm].set(EMPTY, mode="drop")
+    react_post = react_post.at[drop_row(ins_r), rpos].set(eff, mode="drop")
+    react_kind = mem.react_kind.at[drop_row(ins_r), rpos].set(rk.astype(jnp.int8), mode="drop")
+    # Rows rejected as MEMORY_FULL consumed their ring position too: the head moves past them.
+    cand_r = is_rec & (direction > 0) & ((reason == Reason.OK) | (reason == Reason.MEMORY_FULL))
+    head_adv = jnp.zeros((n,), jnp.int32).at[drop_row(cand_r)].max(rank + 1, mode="drop")
+    react_head = (mem.react_head + head_adv) % big_r
 
-  # --- counters (segment sums over the batch; on the effective post)
-  eslot = posts.slot(eff)
-  pdrop = lambda m: jnp.where(m & targets_post, eslot, cap)
-  signed = jnp.where(direction > 0, 1, -1)
-  like_delta = jnp.zeros((cap,), jnp.int32).at[pdrop(ok & (fam == FAM_LIKE))].add(
-      signed, mode="drop")
-  dislike_delta = jnp.zeros((cap,), jnp.int32).at[pdrop(ok & (fam == FAM_DISLIKE))].add(
-      signed, mode="drop")
-  count = lambda m: jnp.zeros((cap,), jnp.int32).at[pdrop(ok & m)].add(1, mode="drop")
-  new_posts = posts.replace(
-      likes=posts.likes + like_delta, dislikes=posts.dislikes + dislike_delta,
-      reposts=posts.reposts + count(t == T.REPOST), quotes=posts.quotes + count(t == T.QUOTE_POST),
-      comments=posts.comments + count(t == T.CREATE_COMMENT),
-      reports=posts.reports + count(t == T.REPORT_POST))
+    # --- counters (segment sums over the batch; on the effective post)
+    eslot = posts.slot(eff)
+    pdrop = lambda m: jnp.where(m & targets_post, eslot, cap)
+    signed = jnp.where(direction > 0, 1, -1)
+    like_delta = jnp.zeros((cap,), jnp.int32).at[pdrop(ok & (fam == FAM_LIKE))].add(
+        signed, mode="drop")
+    dislike_delta = jnp.zeros((cap,), jnp.int32).at[pdrop(ok & (fam == FAM_DISLIKE))].add(
+        signed, mode="drop")
+    count = lambda m: jnp.zeros((cap,), jnp.int32).at[pdrop(ok & m)].add(1, mode="drop")
+    new_posts = posts.replace(
+        likes=posts.likes + like_delta, dislikes=posts.dislikes + dislike_delta,
+        reposts=posts.reposts + count(t == T.REPOST),
+        quotes=posts.quotes + count(t == T.QUOTE_POST),
+        comments=posts.comments + count(t == T.CREATE_COMMENT),
+        reports=posts.reports + count(t == T.REPORT_POST))
 
-  # --- creations: consecutive ids in batch order
-  cr = ok & creates
-  crank = jnp.cumsum(cr.astype(jnp.int32)) - 1
-  new_id = posts.next_id + crank
-  cslot = jnp.where(cr, new_id % cap, cap)
-  is_repost = t == T.REPOST
-  parent = jnp.where(cr & (t != T.CREATE_POST), eff, EMPTY)
-  tokens = jnp.where(is_repost[:, None], posts.tokens[eslot], actions.content)
-  emb = jnp.where(is_repost[:, None], posts.embedding[eslot], normalize(actions.embedding))
-  zero = jnp.zeros((b,), jnp.int32)
-  put = lambda arr, v: arr.at[cslot].set(v, mode="drop")
-  new_posts = new_posts.replace(
-      id=put(new_posts.id, new_id), kind=put(new_posts.kind, lookup(_NEW_KIND)),
-      author=put(new_posts.author, actor), parent=put(new_posts.parent, parent),
-      created_at=put(new_posts.created_at, jnp.broadcast_to(state.tick, (b,))),
-      tokens=put(new_posts.tokens, tokens), embedding=put(new_posts.embedding, emb),
-      likes=put(new_posts.likes, zero), dislikes=put(new_posts.dislikes, zero),
-      reposts=put(new_posts.reposts, zero), quotes=put(new_posts.quotes, zero),
-      comments=put(new_posts.comments, zero), reports=put(new_posts.reports, zero),
-      likes_h=put(new_posts.likes_h, zero),
-      next_id=posts.next_id + jnp.sum(cr, dtype=jnp.int32))
-  overwritten = jnp.zeros((cap,), bool).at[cslot].set(True, mode="drop")
-  like_delta = jnp.where(overwritten, 0, like_delta)
-  shows_in_feed = cr & (t != T.CREATE_COMMENT)
-  last_post = users.last_post.at[drop_row(shows_in_feed)].max(new_id, mode="drop")
+    # --- creations: consecutive ids in batch order
+    cr = ok & creates
+    crank = jnp.cumsum(cr.astype(jnp.int32)) - 1
+    new_id = posts.next_id + crank
+    cslot = jnp.where(cr, new_id % cap, cap)
+    is_repost = t == T.REPOST
+    parent = jnp.where(cr & (t != T.CREATE_POST), eff, EMPTY)
+    tokens = jnp.where(is_repost[:, None], posts.tokens[eslot], actions.content)
+    emb = jnp.where(is_repost[:, None], posts.embedding[eslot], normalize(actions.embedding))
+    zero = jnp.zeros((b,), jnp.int32)
+    put = lambda arr, v: arr.at[cslot].set(v, mode="drop")
+    new_posts = new_posts.replace(
+        id=put(new_posts.id, new_id), kind=put(new_posts.kind, lookup(_NEW_KIND)),
+        author=put(new_posts.author, actor), parent=put(new_posts.parent, parent),
+        created_at=put(new_posts.created_at, jnp.broadcast_to(state.tick, (b,))),
+        tokens=put(new_posts.tokens, tokens), embedding=put(new_posts.embedding, emb),
+        likes=put(new_posts.likes, zero), dislikes=put(new_posts.dislikes, zero),
+        reposts=put(new_posts.reposts, zero), quotes=put(new_posts.quotes, zero),
+        comments=put(new_posts.comments, zero), reports=put(new_posts.reports, zero),
+        likes_h=put(new_posts.likes_h, zero),
+        next_id=posts.next_id + jnp.sum(cr, dtype=jnp.int32))
+    overwritten = jnp.zeros((cap,), bool).at[cslot].set(True, mode="drop")
+    like_delta = jnp.where(overwritten, 0, like_delta)
+    shows_in_feed = cr & (t != T.CREATE_COMMENT)
+    last_post = users.last_post.at[drop_row(shows_in_feed)].max(new_id, mode="drop")
 
-  new_state = state.replace(
-      posts=new_posts,
-      graph=graph.replace(following=following, muted=muted),
-      users=users.replace(num_following=num_following, num_followers=num_followers,
-                          last_post=last_post),
-      memory=mem.replace(react_post=react_post, react_kind=react_kind, react_head=react_head))
-  created_id = jnp.where(cr, new_id, EMPTY)
-  info = ApplyInfo(
-      reason=reason, effective_target=eff, created_id=created_id,
-      created_slot=jnp.where(cr, new_id % cap, EMPTY),
-      created_generation=jnp.where(cr, new_id // cap, EMPTY),
-      type_counts=jnp.zeros((NUM_TYPES,), jnp.int32).at[jnp.where(ok, tc, NUM_TYPES)].add(
-          1, mode="drop"),
-      invalid_counts=jnp.zeros((NUM_REASONS,), jnp.int32).at[reason].add(1),
-      like_delta=like_delta)
-  return new_state, info
+    new_state = state.replace(
+        posts=new_posts,
+        graph=graph.replace(following=following, muted=muted),
+        users=users.replace(num_following=num_following, num_followers=num_followers,
+                            last_post=last_post),
+        memory=mem.replace(react_post=react_post, react_kind=react_kind, react_head=react_head))
+    created_id = jnp.where(cr, new_id, EMPTY)
+    info = ApplyInfo(
+        reason=reason, effective_target=eff, created_id=created_id,
+        created_slot=jnp.where(cr, new_id % cap, EMPTY),
+        created_generation=jnp.where(cr, new_id // cap, EMPTY),
+        type_counts=jnp.zeros((NUM_TYPES,), jnp.int32).at[jnp.where(ok, tc, NUM_TYPES)].add(
+            1, mode="drop"),
+        invalid_counts=jnp.zeros((NUM_REASONS,), jnp.int32).at[reason].add(1),
+        like_delta=like_delta)
+    return new_state, info
 
 
 def reason_names() -> list[str]:
-  return [r.name.lower() for r in Reason]
+    return [r.name.lower() for r in Reason]
 
 
 def type_names() -> list[str]:
-  return [a.name.lower() for a in ActionType]
+    return [a.name.lower() for a in ActionType]

@@ -34,97 +34,97 @@ T = ActionType
 
 @struct.dataclass
 class CrowdInfo:
-  apply: ApplyInfo  # of the crowd's action batch
-  num_active: jax.Array  # [] int32 crowd users that acted this tick
-  active_overflow: jax.Array  # [] int32 activations dropped (more than max_active)
-  event_overflow: jax.Array  # [] int32 crowd actions dropped (more than crowd_budget)
-  feed_fill: jax.Array  # [] float32 mean share of valid feed slots among active users
+    apply: ApplyInfo  # of the crowd's action batch
+    num_active: jax.Array  # [] int32 crowd users that acted this tick
+    active_overflow: jax.Array  # [] int32 activations dropped (more than max_active)
+    event_overflow: jax.Array  # [] int32 crowd actions dropped (more than crowd_budget)
+    feed_fill: jax.Array  # [] float32 mean share of valid feed slots among active users
 
 
 def activate(key: jax.Array, state: SocialState, params: SocialParams):
-  """Crowd users acting this tick: (`users [max_active]` with EMPTY padding, count, overflow)."""
-  n = params.num_users
-  draw = jax.random.uniform(key, (n,)) < state.users.activity
-  draw = draw & (jnp.arange(n) >= params.num_agents)
-  total = jnp.sum(draw, dtype=jnp.int32)
-  (users,) = jnp.nonzero(draw, size=params.max_active, fill_value=EMPTY)
-  count = jnp.minimum(total, params.max_active)
-  return users.astype(jnp.int32), count, total - count
+    """Crowd users acting this tick: (`users [max_active]` with EMPTY padding, count, overflow)."""
+    n = params.num_users
+    draw = jax.random.uniform(key, (n,)) < state.users.activity
+    draw = draw & (jnp.arange(n) >= params.num_agents)
+    total = jnp.sum(draw, dtype=jnp.int32)
+    (users,) = jnp.nonzero(draw, size=params.max_active, fill_value=EMPTY)
+    count = jnp.minimum(total, params.max_active)
+    return users.astype(jnp.int32), count, total - count
 
 
 def crowd_step(key: jax.Array, state: SocialState, params: SocialParams
                ) -> tuple[SocialState, CrowdInfo]:
-  """One tick of crowd behaviour (activation, feeds, reactions, apply).  Pure, jittable."""
-  posts = state.posts
-  n, k = params.num_users, params.feed_size
-  k_act, k_feed, k_draw, k_emb = jax.random.split(key, 4)
-  users, num_active, act_over = activate(k_act, state, params)
-  a = users.shape[0]
-  uok = users >= 0
-  u = jnp.maximum(users, 0)
+    """One tick of crowd behaviour (activation, feeds, reactions, apply).  Pure, jittable."""
+    posts = state.posts
+    n, k = params.num_users, params.feed_size
+    k_act, k_feed, k_draw, k_emb = jax.random.split(key, 4)
+    users, num_active, act_over = activate(k_act, state, params)
+    a = users.shape[0]
+    uok = users >= 0
+    u = jnp.maximum(users, 0)
 
-  feed = recsys.recommend(k_feed, state, users, params)
-  state = recsys.mark_seen(state, users, feed, params)
+    feed = recsys.recommend(k_feed, state, users, params)
+    state = recsys.mark_seen(state, users, feed, params)
 
-  interest = state.users.interest[u]  # [A, d]
-  sim = jnp.einsum("ad,akd->ak", interest, posts.embedding[feed.slots])  # [A, K]
-  author = posts.author[feed.slots]
-  likes = posts.likes[feed.slots].astype(jnp.float32)
-  follows = jnp.any(author[:, :, None] == state.graph.following[u][:, None, :], axis=2)
-  reacted = jnp.any((feed.ids[:, :, None] == state.memory.react_post[u][:, None, :])
-                    & (state.memory.react_kind[u][:, None, :] != ReactionKind.NONE), axis=2)
-  usable = feed.valid & ~reacted
-  act_bonus = jnp.log(jnp.maximum(state.users.activity[u], 1e-6) /
-                      jnp.maximum(params.activation_rate, 1e-6))
-  like_logit = (params.like_bias + params.like_sim * sim + params.like_pop * jnp.log1p(likes)
-                + params.like_follow * follows + params.like_activity * act_bonus[:, None])
-  ks = jax.random.split(k_draw, 8)
-  like = usable & (jax.random.uniform(ks[0], (a, k)) < jax.nn.sigmoid(like_logit))
-  dislike = usable & ~like & (jax.random.uniform(ks[1], (a, k)) < jax.nn.sigmoid(
-      params.dislike_bias - params.dislike_sim * sim))
+    interest = state.users.interest[u]  # [A, d]
+    sim = jnp.einsum("ad,akd->ak", interest, posts.embedding[feed.slots])  # [A, K]
+    author = posts.author[feed.slots]
+    likes = posts.likes[feed.slots].astype(jnp.float32)
+    follows = jnp.any(author[:, :, None] == state.graph.following[u][:, None, :], axis=2)
+    reacted = jnp.any((feed.ids[:, :, None] == state.memory.react_post[u][:, None, :])
+                      & (state.memory.react_kind[u][:, None, :] != ReactionKind.NONE), axis=2)
+    usable = feed.valid & ~reacted
+    act_bonus = jnp.log(jnp.maximum(state.users.activity[u], 1e-6) /
+                        jnp.maximum(params.activation_rate, 1e-6))
+    like_logit = (params.like_bias + params.like_sim * sim + params.like_pop * jnp.log1p(likes)
+                  + params.like_follow * follows + params.like_activity * act_bonus[:, None])
+    ks = jax.random.split(k_draw, 8)
+    like = usable & (jax.random.uniform(ks[0], (a, k)) < jax.nn.sigmoid(like_logit))
+    dislike = usable & ~like & (jax.random.uniform(ks[1], (a, k)) < jax.nn.sigmoid(
+        params.dislike_bias - params.dislike_sim * sim))
 
-  # One favourite feed item per user for repost / quote / comment / follow.
-  fav_score = jnp.where(feed.valid, sim + jax.random.gumbel(ks[2], (a, k)), -jnp.inf)
-  fav = jnp.argmax(fav_score, axis=1)
-  has_fav = jnp.any(feed.valid, axis=1) & uok
-  fav_id = jnp.take_along_axis(feed.ids, fav[:, None], axis=1)[:, 0]
-  fav_author = jnp.take_along_axis(author, fav[:, None], axis=1)[:, 0]
-  fav_followed = jnp.take_along_axis(follows, fav[:, None], axis=1)[:, 0]
-  coin = jax.random.uniform(ks[3], (5, a))
-  do_post = uok & (coin[0] < params.p_post)
-  do_repost = has_fav & (coin[1] < params.p_repost)
-  do_quote = has_fav & (coin[2] < params.p_quote)
-  do_comment = has_fav & (coin[3] < params.p_comment)
-  do_follow = has_fav & (coin[4] < params.p_follow) & ~fav_followed & (fav_author != u)
+    # One favourite feed item per user for repost / quote / comment / follow.
+    fav_score = jnp.where(feed.valid, sim + jax.random.gumbel(ks[2], (a, k)), -jnp.inf)
+    fav = jnp.argmax(fav_score, axis=1)
+    has_fav = jnp.any(feed.valid, axis=1) & uok
+    fav_id = jnp.take_along_axis(feed.ids, fav[:, None], axis=1)[:, 0]
+    fav_author = jnp.take_along_axis(author, fav[:, None], axis=1)[:, 0]
+    fav_followed = jnp.take_along_axis(follows, fav[:, None], axis=1)[:, 0]
+    coin = jax.random.uniform(ks[3], (5, a))
+    do_post = uok & (coin[0] < params.p_post)
+    do_repost = has_fav & (coin[1] < params.p_repost)
+    do_quote = has_fav & (coin[2] < params.p_quote)
+    do_comment = has_fav & (coin[3] < params.p_comment)
+    do_follow = has_fav & (coin[4] < params.p_follow) & ~fav_followed & (fav_author != u)
 
-  # Flatten candidate events, then compact the drawn ones into the fixed-size batch.
-  rep = lambda x: jnp.repeat(x, k)
-  ev_type = jnp.concatenate([
-      jnp.full((a * k,), T.LIKE_POST), jnp.full((a * k,), T.DISLIKE_POST),
-      jnp.full((a,), T.CREATE_POST), jnp.full((a,), T.REPOST), jnp.full((a,), T.QUOTE_POST),
-      jnp.full((a,), T.CREATE_COMMENT), jnp.full((a,), T.FOLLOW)]).astype(jnp.int32)
-  ev_actor = jnp.concatenate([rep(u), rep(u), u, u, u, u, u])
-  ev_target = jnp.concatenate([feed.ids.reshape(-1), feed.ids.reshape(-1),
-                               jnp.full((a,), EMPTY, jnp.int32), fav_id, fav_id, fav_id,
-                               fav_author])
-  ev_on = jnp.concatenate([like.reshape(-1), dislike.reshape(-1), do_post, do_repost, do_quote,
-                           do_comment, do_follow])
-  budget = params.crowd_budget
-  total = jnp.sum(ev_on, dtype=jnp.int32)
-  (sel,) = jnp.nonzero(ev_on, size=budget, fill_value=0)
-  valid = jnp.arange(budget) < total
-  btype, bactor, btarget = ev_type[sel], ev_actor[sel], ev_target[sel]
+    # Flatten candidate events, then compact the drawn ones into the fixed-size batch.
+    rep = lambda x: jnp.repeat(x, k)
+    ev_type = jnp.concatenate([
+        jnp.full((a * k,), T.LIKE_POST), jnp.full((a * k,), T.DISLIKE_POST),
+        jnp.full((a,), T.CREATE_POST), jnp.full((a,), T.REPOST), jnp.full((a,), T.QUOTE_POST),
+        jnp.full((a,), T.CREATE_COMMENT), jnp.full((a,), T.FOLLOW)]).astype(jnp.int32)
+    ev_actor = jnp.concatenate([rep(u), rep(u), u, u, u, u, u])
+    ev_target = jnp.concatenate([feed.ids.reshape(-1), feed.ids.reshape(-1),
+                                 jnp.full((a,), EMPTY, jnp.int32), fav_id, fav_id, fav_id,
+                                 fav_author])
+    ev_on = jnp.concatenate([like.reshape(-1), dislike.reshape(-1), do_post, do_repost, do_quote,
+                             do_comment, do_follow])
+    budget = params.crowd_budget
+    total = jnp.sum(ev_on, dtype=jnp.int32)
+    (sel,) = jnp.nonzero(ev_on, size=budget, fill_value=0)
+    valid = jnp.arange(budget) < total
+    btype, bactor, btarget = ev_type[sel], ev_actor[sel], ev_target[sel]
 
-  has_parent = (btype == T.QUOTE_POST) | (btype == T.CREATE_COMMENT)
-  parent_emb = posts.embedding[posts.slot(btarget)]
-  emb = (state.users.interest[bactor] + jnp.where(has_parent[:, None], parent_emb, 0.0)
-         + params.post_noise * jax.random.normal(k_emb, (budget, params.embed_dim))
-         / jnp.sqrt(jnp.float32(params.embed_dim)))
-  batch = ActionBatch(type=btype, actor=bactor, target=btarget,
-                      content=jnp.zeros((budget, params.content_len), jnp.int32),
-                      embedding=normalize(emb), valid=valid)
-  state, info = apply_actions(state, batch, params)
-  fill = jnp.sum(feed.valid & uok[:, None]) / jnp.maximum(num_active * k, 1)
-  return state, CrowdInfo(apply=info, num_active=num_active, active_overflow=act_over,
-                          event_overflow=jnp.maximum(total - budget, 0),
-                          feed_fill=fill.astype(jnp.float32))
+    has_parent = (btype == T.QUOTE_POST) | (btype == T.CREATE_COMMENT)
+    parent_emb = posts.embedding[posts.slot(btarget)]
+    emb = (state.users.interest[bactor] + jnp.where(has_parent[:, None], parent_emb, 0.0)
+           + params.post_noise * jax.random.normal(k_emb, (budget, params.embed_dim))
+           / jnp.sqrt(jnp.float32(params.embed_dim)))
+    batch = ActionBatch(type=btype, actor=bactor, target=btarget,
+                        content=jnp.zeros((budget, params.content_len), jnp.int32),
+                        embedding=normalize(emb), valid=valid)
+    state, info = apply_actions(state, batch, params)
+    fill = jnp.sum(feed.valid & uok[:, None]) / jnp.maximum(num_active * k, 1)
+    return state, CrowdInfo(apply=info, num_active=num_active, active_overflow=act_over,
+                            event_overflow=jnp.maximum(total - budget, 0),
+                            feed_fill=fill.astype(jnp.float32))

@@ -21,208 +21,210 @@ _NEG = -jnp.inf
 
 @struct.dataclass
 class Feed:
-  """Feeds of B users.  `slots` index the post arrays: `state.posts.tokens[feed.slots]` is
-  `[B, K, L]`; `ids` are the global post ids to use as action targets."""
-  ids: jax.Array  # [B, K] int32 global post ids, EMPTY where not valid
-  slots: jax.Array  # [B, K] int32 ring slots (ids % P), 0 where not valid
-  valid: jax.Array  # [B, K] bool
-  score: jax.Array  # [B, K] float32 recommender score (descending), -inf where not valid
+    """Feeds of B users.  `slots` index the post arrays: `state.posts.tokens[feed.slots]` is
+    `[B, K, L]`; `ids` are the global post ids to use as action targets."""
+    ids: jax.Array  # [B, K] int32 global post ids, EMPTY where not valid
+    slots: jax.Array  # [B, K] int32 ring slots (ids % P), 0 where not valid
+    valid: jax.Array  # [B, K] bool
+    score: jax.Array  # [B, K] float32 recommender score (descending), -inf where not valid
 
 
 def reddit_hot_score(likes, dislikes, created_at_seconds, reference_seconds=None):
-  """OASIS's reddit hot score, elementwise.
+    """OASIS's reddit hot score, elementwise.
 
-    s = likes - dislikes;  order = log10(max(|s|, 1));  sign = sign(s)
-    hot = sign * order + (created_at_seconds - 1134028003) / 45000
+      s = likes - dislikes;  order = log10(max(|s|, 1));  sign = sign(s)
+      hot = sign * order + (created_at_seconds - 1134028003) / 45000
 
-  (OASIS then rounds to 7 decimals in float64; float32 keeps ~1e-3 absolute at today's
-  magnitudes ~ 1.3e4.)  With `reference_seconds`, returns `hot - (reference - 1134028003)/45000`
-  computed as `(created - reference) / 45000`: same ranking, full float32 precision -- the form
-  the recommender uses.  Integer seconds in, float32 out.
-  """
-  s = jnp.asarray(likes, jnp.int32) - jnp.asarray(dislikes, jnp.int32)
-  order = jnp.log10(jnp.maximum(jnp.abs(s), 1).astype(jnp.float32))
-  sign = jnp.sign(s).astype(jnp.float32)
-  ref = REDDIT_EPOCH_SECONDS if reference_seconds is None else reference_seconds
-  seconds = (jnp.asarray(created_at_seconds, jnp.int32) - jnp.asarray(ref, jnp.int32))
-  return sign * order + seconds.astype(jnp.float32) / 45000.0
+    (OASIS then rounds to 7 decimals in float64; float32 keeps ~1e-3 absolute at today's
+    magnitudes ~ 1.3e4.)  With `reference_seconds`, returns `hot - (reference - 1134028003)/45000`
+    computed as `(created - reference) / 45000`: same ranking, full float32 precision -- the form
+    the recommender uses.  Integer seconds in, float32 out.
+    """
+    s = jnp.asarray(likes, jnp.int32) - jnp.asarray(dislikes, jnp.int32)
+    order = jnp.log10(jnp.maximum(jnp.abs(s), 1).astype(jnp.float32))
+    sign = jnp.sign(s).astype(jnp.float32)
+    ref = REDDIT_EPOCH_SECONDS if reference_seconds is None else reference_seconds
+    seconds = (jnp.asarray(created_at_seconds, jnp.int32) - jnp.asarray(ref, jnp.int32))
+    return sign * order + seconds.astype(jnp.float32) / 45000.0
 
 
 def recency_decay(age, kind: str = "exp", tau=24.0):
-  """Monotone non-increasing, finite recency factor of a post `age` ticks old.
+    """Monotone non-increasing, finite recency factor of a post `age` ticks old.
 
-  - "exp": exp(-max(age, 0) / tau)
-  - "oasis_clipped": max(ln((271.8 - age) / 100), 0) -- OASIS's TwHIN factor, clipped at 0 so
-    it never goes negative (OASIS's inverts the ranking after 171.8 steps, NaN after 271.8).
-  """
-  age = jnp.maximum(jnp.asarray(age, jnp.float32), 0.0)
-  if kind == "exp":
-    return jnp.exp(-age / tau)
-  if kind == "oasis_clipped":
-    return jnp.maximum(jnp.log(jnp.maximum((271.8 - age) / 100.0, 1.0)), 0.0)
-  raise ValueError(f"unknown recency kind {kind!r}")
+    - "exp": exp(-max(age, 0) / tau)
+    - "oasis_clipped": max(ln((271.8 - age) / 100), 0) -- OASIS's TwHIN factor, clipped at 0 so
+      it never goes negative (OASIS's inverts the ranking after 171.8 steps, NaN after 271.8).
+    """
+    age = jnp.maximum(jnp.asarray(age, jnp.float32), 0.0)
+    if kind == "exp":
+        return jnp.exp(-age / tau)
+    if kind == "oasis_clipped":
+        return jnp.maximum(jnp.log(jnp.maximum((271.8 - age) / 100.0, 1.0)), 0.0)
+    raise ValueError(f"unknown recency kind {kind!r}")
 
 
 def personalized_score(user_emb, post_emb, age, likes, in_network, *, w_sim=1.0, w_rec=1.0,
                        w_pop=0.3, w_in=0.5, recency="exp", tau=24.0):
-  """Personalized ("twitter") score of posts for users.
+    """Personalized ("twitter") score of posts for users.
 
-    score[b, c] = w_sim * cos(user_emb[b], post_emb[.., c])
-                + w_rec * recency_decay(age[.., c])
-                + w_pop * log1p(max(likes[.., c], 0))
-                + w_in  * in_network[.., c]
+      score[b, c] = w_sim * cos(user_emb[b], post_emb[.., c])
+                  + w_rec * recency_decay(age[.., c])
+                  + w_pop * log1p(max(likes[.., c], 0))
+                  + w_in  * in_network[.., c]
 
-  user_emb `[B, d]`; post_emb `[C, d]` (shared pool) or `[B, C, d]` (per user); age, likes,
-  in_network `[C]` or `[B, C]`.  Returns `[B, C]` float32.
-  """
-  u = user_emb / jnp.maximum(jnp.linalg.norm(user_emb, axis=-1, keepdims=True), 1e-6)
-  p = post_emb / jnp.maximum(jnp.linalg.norm(post_emb, axis=-1, keepdims=True), 1e-6)
-  cos = u @ p.T if p.ndim == 2 else jnp.einsum("bd,bcd->bc", u, p)
-  return _personalized_from_cos(cos, age, likes, in_network, w_sim, w_rec, w_pop, w_in,
-                                recency, tau)
+    user_emb `[B, d]`; post_emb `[C, d]` (shared pool) or `[B, C, d]` (per user); age, likes,
+    in_network `[C]` or `[B, C]`.  Returns `[B, C]` float32.
+    """
+    u = user_emb / jnp.maximum(jnp.linalg.norm(user_emb, axis=-1, keepdims=True), 1e-6)
+    p = post_emb / jnp.maximum(jnp.linalg.norm(post_emb, axis=-1, keepdims=True), 1e-6)
+    cos = u @ p.T if p.ndim == 2 else jnp.einsum("bd,bcd->bc", u, p)
+    return _personalized_from_cos(cos, age, likes, in_network, w_sim, w_rec, w_pop, w_in,
+                                  recency, tau)
 
 
 def _personalized_from_cos(cos, age, likes, in_network, w_sim, w_rec, w_pop, w_in, recency,
                            tau):
-  prior = (w_rec * recency_decay(age, recency, tau)
-           + w_pop * jnp.log1p(jnp.maximum(jnp.asarray(likes, jnp.float32), 0.0))
-           + w_in * jnp.asarray(in_network, jnp.float32))
-  return w_sim * cos + prior
+    prior = (w_rec * recency_decay(age, recency, tau)
+             + w_pop * jnp.log1p(jnp.maximum(jnp.asarray(likes, jnp.float32), 0.0))
+             + w_in * jnp.asarray(in_network, jnp.float32))
+    return w_sim * cos + prior
 
 
 def post_seconds(state: SocialState, params: SocialParams, created_at_tick):
-  """Wall-clock seconds of a tick: start_seconds + tick * seconds_per_tick (int32)."""
-  return params.start_seconds + created_at_tick * params.seconds_per_tick
+    """Wall-clock seconds of a tick: start_seconds + tick * seconds_per_tick (int32)."""
+    return params.start_seconds + created_at_tick * params.seconds_per_tick
 
 
 def _pool(state: SocialState, params: SocialParams):
-  """Top-C shared candidates by the recommender's user-independent prior.  O(P)."""
-  posts = state.posts
-  cap = posts.capacity
-  live = (posts.id >= 0) & (posts.kind != PostKind.COMMENT)
-  age = (state.tick - posts.created_at).astype(jnp.float32)
-  if params.recsys == "reddit":
-    prior = reddit_hot_score(posts.likes, posts.dislikes, post_seconds(state, params,
-                                                                       posts.created_at),
-                             reference_seconds=post_seconds(state, params, state.tick))
-  else:
-    prior = _personalized_from_cos(0.0, age, posts.likes, 0.0, params.w_sim, params.w_rec,
-                                   params.w_pop, params.w_in, params.recency, params.recency_tau)
-  prior = jnp.where(live, prior, _NEG)
-  c = min(params.pool_size, cap)
-  score, slot = jax.lax.top_k(prior, c)
-  return slot, score
+    """Top-C shared candidates by the recommender's user-independent prior.  O(P)."""
+    posts = state.posts
+    cap = posts.capacity
+    live = (posts.id >= 0) & (posts.kind != PostKind.COMMENT)
+    age = (state.tick - posts.created_at).astype(jnp.float32)
+    if params.recsys == "reddit":
+        prior = reddit_hot_score(posts.likes, posts.dislikes,
+                                 post_seconds(state, params, posts.created_at),
+                                 reference_seconds=post_seconds(state, params, state.tick))
+    else:
+        prior = _personalized_from_cos(0.0, age, posts.likes, 0.0, params.w_sim, params.w_rec,
+                                       params.w_pop, params.w_in, params.recency,
+                                       params.recency_tau)
+    prior = jnp.where(live, prior, _NEG)
+    c = min(params.pool_size, cap)
+    score, slot = jax.lax.top_k(prior, c)
+    return slot, score
 
 
 def recommend(key: jax.Array, state: SocialState, users: jax.Array, params: SocialParams
               ) -> Feed:
-  """Feeds `[B, K]` for `users [B]` (distinct ids; out-of-range ids get empty feeds).
+    """Feeds `[B, K]` for `users [B]` (distinct ids; out-of-range ids get empty feeds).
 
-  Candidates never include comments, the user's own posts (unless `exclude_own=False`), posts
-  by authors the user muted, or (seen_policy="exclude") posts in the user's seen ring;
-  "downweight" subtracts `seen_penalty` instead.  `explore_frac` of the slots are swapped for
-  uniformly random live posts.  Pure; does not mark the feed as seen (see `mark_seen`).
-  """
-  posts, graph = state.posts, state.graph
-  n, cap, k = params.num_users, posts.capacity, params.feed_size
-  b = users.shape[0]
-  user_ok = (users >= 0) & (users < n)
-  u = jnp.clip(users, 0, n - 1)
-  k_cand, k_in, k_exp, k_exp2 = jax.random.split(key, 4)
-  lo = jnp.maximum(posts.next_id - cap, 0)
-  span = posts.next_id - lo
+    Candidates never include comments, the user's own posts (unless `exclude_own=False`), posts
+    by authors the user muted, or (seen_policy="exclude") posts in the user's seen ring;
+    "downweight" subtracts `seen_penalty` instead.  `explore_frac` of the slots are swapped for
+    uniformly random live posts.  Pure; does not mark the feed as seen (see `mark_seen`).
+    """
+    posts, graph = state.posts, state.graph
+    n, cap, k = params.num_users, posts.capacity, params.feed_size
+    b = users.shape[0]
+    user_ok = (users >= 0) & (users < n)
+    u = jnp.clip(users, 0, n - 1)
+    k_cand, k_in, k_exp, k_exp2 = jax.random.split(key, 4)
+    lo = jnp.maximum(posts.next_id - cap, 0)
+    span = posts.next_id - lo
 
-  if params.recsys == "random":
-    kk = k * params.overfetch
-    ids = lo + jnp.floor(jax.random.uniform(k_cand, (b, kk)) * span).astype(jnp.int32)
-    ids = jnp.where(span > 0, jnp.minimum(ids, posts.next_id - 1), EMPTY)
-    score = jax.random.uniform(k_exp2, (b, kk))
-    ok = posts.alive(ids) & (posts.kind[posts.slot(ids)] != PostKind.COMMENT)
-    score = jnp.where(ok, score, _NEG)
-  else:
-    pslot, pprior = _pool(state, params)
-    pid = posts.id[pslot]
-    if params.recsys == "reddit":
-      score = jnp.broadcast_to(pprior, (b, pprior.shape[0]))
-      ids = jnp.broadcast_to(pid, (b, pid.shape[0]))
+    if params.recsys == "random":
+        kk = k * params.overfetch
+        ids = lo + jnp.floor(jax.random.uniform(k_cand, (b, kk)) * span).astype(jnp.int32)
+        ids = jnp.where(span > 0, jnp.minimum(ids, posts.next_id - 1), EMPTY)
+        score = jax.random.uniform(k_exp2, (b, kk))
+        ok = posts.alive(ids) & (posts.kind[posts.slot(ids)] != PostKind.COMMENT)
+        score = jnp.where(ok, score, _NEG)
     else:
-      interest = state.users.interest[u]  # [B, d], unit norm
-      sim = interest @ posts.embedding[pslot].T  # [B, C]
-      score = params.w_sim * sim + pprior
-      ids = jnp.broadcast_to(pid, score.shape)
-      if params.in_network > 0:
-        cols = jax.random.randint(k_in, (b, params.in_network), 0, params.max_following)
-        followee = jnp.take_along_axis(graph.following[u], cols, axis=1)  # [B, I]
-        iid = jnp.where(followee >= 0, state.users.last_post[jnp.maximum(followee, 0)], EMPTY)
-        islot = posts.slot(iid)
-        iok = posts.alive(iid)
-        isim = jnp.einsum("bd,bid->bi", interest, posts.embedding[islot])
-        iage = (state.tick - posts.created_at[islot]).astype(jnp.float32)
-        iscore = _personalized_from_cos(isim, iage, posts.likes[islot], 1.0, params.w_sim,
-                                        params.w_rec, params.w_pop, params.w_in,
-                                        params.recency, params.recency_tau)
-        score = jnp.concatenate([score, jnp.where(iok, iscore, _NEG)], axis=1)
-        ids = jnp.concatenate([ids, jnp.where(iok, iid, EMPTY)], axis=1)
-  if params.exclude_own:
-    score = jnp.where(posts.author[posts.slot(ids)] == u[:, None], _NEG, score)
+        pslot, pprior = _pool(state, params)
+        pid = posts.id[pslot]
+        if params.recsys == "reddit":
+            score = jnp.broadcast_to(pprior, (b, pprior.shape[0]))
+            ids = jnp.broadcast_to(pid, (b, pid.shape[0]))
+        else:
+            interest = state.users.interest[u]  # [B, d], unit norm
+            sim = interest @ posts.embedding[pslot].T  # [B, C]
+            score = params.w_sim * sim + pprior
+            ids = jnp.broadcast_to(pid, score.shape)
+            if params.in_network > 0:
+                cols = jax.random.randint(k_in, (b, params.in_network), 0, params.max_following)
+                followee = jnp.take_along_axis(graph.following[u], cols, axis=1)  # [B, I]
+                last = state.users.last_post[jnp.maximum(followee, 0)]
+                iid = jnp.where(followee >= 0, last, EMPTY)
+                islot = posts.slot(iid)
+                iok = posts.alive(iid)
+                isim = jnp.einsum("bd,bid->bi", interest, posts.embedding[islot])
+                iage = (state.tick - posts.created_at[islot]).astype(jnp.float32)
+                iscore = _personalized_from_cos(isim, iage, posts.likes[islot], 1.0, params.w_sim,
+                                                params.w_rec, params.w_pop, params.w_in,
+                                                params.recency, params.recency_tau)
+                score = jnp.concatenate([score, jnp.where(iok, iscore, _NEG)], axis=1)
+                ids = jnp.concatenate([ids, jnp.where(iok, iid, EMPTY)], axis=1)
+    if params.exclude_own:
+        score = jnp.where(posts.author[posts.slot(ids)] == u[:, None], _NEG, score)
 
-  kk = min(score.shape[1], k * params.overfetch)
-  score, pos = jax.lax.top_k(score, kk)
-  ids = jnp.take_along_axis(ids, pos, axis=1)
-  score = _filter(state, u, ids, score, params)
-  score, pos = jax.lax.top_k(score, min(k, kk))
-  ids = jnp.take_along_axis(ids, pos, axis=1)
-  if kk < k:  # fewer candidates than feed slots: pad
-    score = jnp.pad(score, ((0, 0), (0, k - kk)), constant_values=_NEG)
-    ids = jnp.pad(ids, ((0, 0), (0, k - kk)), constant_values=EMPTY)
+    kk = min(score.shape[1], k * params.overfetch)
+    score, pos = jax.lax.top_k(score, kk)
+    ids = jnp.take_along_axis(ids, pos, axis=1)
+    score = _filter(state, u, ids, score, params)
+    score, pos = jax.lax.top_k(score, min(k, kk))
+    ids = jnp.take_along_axis(ids, pos, axis=1)
+    if kk < k:  # fewer candidates than feed slots: pad
+        score = jnp.pad(score, ((0, 0), (0, k - kk)), constant_values=_NEG)
+        ids = jnp.pad(ids, ((0, 0), (0, k - kk)), constant_values=EMPTY)
 
-  if params.recsys != "random":  # exploration (the random recommender is all exploration)
-    swap = jax.random.uniform(k_exp, (b, k)) < params.explore_frac
-    rid = lo + jnp.floor(jax.random.uniform(k_exp2, (b, k)) * span).astype(jnp.int32)
-    rid = jnp.where(span > 0, jnp.minimum(rid, posts.next_id - 1), EMPTY)
-    rok = posts.alive(rid) & (posts.kind[posts.slot(rid)] != PostKind.COMMENT)
-    ids = jnp.where(swap, jnp.where(rok, rid, EMPTY), ids)
-    score = jnp.where(swap, jnp.where(rok, -1e9, _NEG), score)
-    score = _filter(state, u, ids, score, params, penalize=False)
+    if params.recsys != "random":  # exploration (the random recommender is all exploration)
+        swap = jax.random.uniform(k_exp, (b, k)) < params.explore_frac
+        rid = lo + jnp.floor(jax.random.uniform(k_exp2, (b, k)) * span).astype(jnp.int32)
+        rid = jnp.where(span > 0, jnp.minimum(rid, posts.next_id - 1), EMPTY)
+        rok = posts.alive(rid) & (posts.kind[posts.slot(rid)] != PostKind.COMMENT)
+        ids = jnp.where(swap, jnp.where(rok, rid, EMPTY), ids)
+        score = jnp.where(swap, jnp.where(rok, -1e9, _NEG), score)
+        score = _filter(state, u, ids, score, params, penalize=False)
 
-  valid = jnp.isfinite(score) & user_ok[:, None] & (ids >= 0)
-  ids = jnp.where(valid, ids, EMPTY)
-  return Feed(ids=ids, slots=jnp.where(valid, posts.slot(ids), 0), valid=valid,
-              score=jnp.where(valid, score, _NEG))
+    valid = jnp.isfinite(score) & user_ok[:, None] & (ids >= 0)
+    ids = jnp.where(valid, ids, EMPTY)
+    return Feed(ids=ids, slots=jnp.where(valid, posts.slot(ids), 0), valid=valid,
+                score=jnp.where(valid, score, _NEG))
 
 
 def _filter(state: SocialState, u, ids, score, params: SocialParams, penalize=True):
-  """-inf for duplicates (keep the first), own/muted authors, seen posts (per policy)."""
-  posts = state.posts
-  x = ids.shape[1]
-  author = posts.author[posts.slot(ids)]
-  earlier = jnp.tril(jnp.ones((x, x), bool), k=-1)  # [j, i]: i < j
-  dup = jnp.any((ids[:, :, None] == ids[:, None, :]) & earlier[None], axis=2)
-  muted = jnp.any(author[:, :, None] == state.graph.muted[u][:, None, :], axis=2)
-  bad = dup | muted | (ids < 0)
-  if params.exclude_own:
-    bad = bad | (author == u[:, None])
-  if params.seen_policy != "none":
-    seen = jnp.any(ids[:, :, None] == state.memory.seen[u][:, None, :], axis=2)
-    if params.seen_policy == "exclude":
-      bad = bad | seen
-    elif penalize:
-      score = score - params.seen_penalty * seen
-  return jnp.where(bad, _NEG, score)
+    """-inf for duplicates (keep the first), own/muted authors, seen posts (per policy)."""
+    posts = state.posts
+    x = ids.shape[1]
+    author = posts.author[posts.slot(ids)]
+    earlier = jnp.tril(jnp.ones((x, x), bool), k=-1)  # [j, i]: i < j
+    dup = jnp.any((ids[:, :, None] == ids[:, None, :]) & earlier[None], axis=2)
+    muted = jnp.any(author[:, :, None] == state.graph.muted[u][:, None, :], axis=2)
+    bad = dup | muted | (ids < 0)
+    if params.exclude_own:
+        bad = bad | (author == u[:, None])
+    if params.seen_policy != "none":
+        seen = jnp.any(ids[:, :, None] == state.memory.seen[u][:, None, :], axis=2)
+        if params.seen_policy == "exclude":
+            bad = bad | seen
+        elif penalize:
+            score = score - params.seen_penalty * seen
+    return jnp.where(bad, _NEG, score)
 
 
 def mark_seen(state: SocialState, users: jax.Array, feed: Feed, params: SocialParams
               ) -> SocialState:
-  """Append each user's valid feed ids to its seen ring `[N, S]` (users must be distinct)."""
-  n, s = params.num_users, params.seen_memory
-  mem = state.memory
-  user_ok = (users >= 0) & (users < n)
-  u = jnp.clip(users, 0, n - 1)
-  rank = jnp.cumsum(feed.valid, axis=1) - 1
-  pos = (mem.seen_head[u][:, None] + rank) % s
-  write = feed.valid & user_ok[:, None] & (rank < s)
-  row = jnp.where(write, u[:, None], n)
-  seen = mem.seen.at[row, pos].set(feed.ids, mode="drop")
-  count = jnp.where(user_ok, jnp.minimum(jnp.sum(feed.valid, axis=1), s), 0)
-  head = mem.seen_head.at[jnp.where(user_ok, u, n)].add(count, mode="drop") % s
-  return state.replace(memory=mem.replace(seen=seen, seen_head=head))
+    """Append each user's valid feed ids to its seen ring `[N, S]` (users must be distinct)."""
+    n, s = params.num_users, params.seen_memory
+    mem = state.memory
+    user_ok = (users >= 0) & (users < n)
+    u = jnp.clip(users, 0, n - 1)
+    rank = jnp.cumsum(feed.valid, axis=1) - 1
+    pos = (mem.seen_head[u][:, None] + rank) % s
+    write = feed.valid & user_ok[:, None] & (rank < s)
+    row = jnp.where(write, u[:, None], n)
+    seen = mem.seen.at[row, pos].set(feed.ids, mode="drop")
+    count = jnp.where(user_ok, jnp.minimum(jnp.sum(feed.valid, axis=1), s), 0)
+    head = mem.seen_head.at[jnp.where(user_ok, u, n)].add(count, mode="drop") % s
+    return state.replace(memory=mem.replace(seen=seen, seen_head=head))

@@ -21,148 +21,148 @@ from jaxsocial.social.state import (EMPTY, PostKind, SocialParams, SocialState, 
 
 @struct.dataclass
 class StepInfo:
-  """What one tick did.  `agent` is per-row for the LLM agents' batch: `agent.reason`,
-  `agent.created_id / created_slot / created_generation` (the posts the agents created).
-  `like_delta[slot]` = net likes (agents + crowd) the post *now* in `slot` received this tick
-  (0 for a slot overwritten this tick), so that likes within a horizon can be summed even after
-  a post is evicted: reward(id) = sum over ticks t in [created, created + H) of
-  like_delta_t[id % P] (the slot still holds `id` during those ticks unless evicted)."""
-  agent: ApplyInfo
-  crowd: CrowdInfo
-  like_delta: jax.Array  # [P] int32
-  tick: jax.Array  # [] int32 the tick this step simulated (state.tick before the step)
+    """What one tick did.  `agent` is per-row for the LLM agents' batch: `agent.reason`,
+    `agent.created_id / created_slot / created_generation` (the posts the agents created).
+    `like_delta[slot]` = net likes (agents + crowd) the post *now* in `slot` received this tick
+    (0 for a slot overwritten this tick), so that likes within a horizon can be summed even after
+    a post is evicted: reward(id) = sum over ticks t in [created, created + H) of
+    like_delta_t[id % P] (the slot still holds `id` during those ticks unless evicted)."""
+    agent: ApplyInfo
+    crowd: CrowdInfo
+    like_delta: jax.Array  # [P] int32
+    tick: jax.Array  # [] int32 the tick this step simulated (state.tick before the step)
 
 
 def make_params(**overrides) -> SocialParams:
-  """`SocialParams` with overrides, validated (ValueError names the bad field)."""
-  fields = SocialParams.__dataclass_fields__
-  for name in overrides:
-    if name not in fields:
-      raise ValueError(f"unknown SocialParams field {name!r}")
-  return SocialParams(**overrides).validate()
+    """`SocialParams` with overrides, validated (ValueError names the bad field)."""
+    fields = SocialParams.__dataclass_fields__
+    for name in overrides:
+        if name not in fields:
+            raise ValueError(f"unknown SocialParams field {name!r}")
+    return SocialParams(**overrides).validate()
 
 
 def _follow_targets(key, n, shape, power):
-  """Targets drawn with P(popularity rank r) ~ r^-power over ranks [1, n] (continuous inverse
-  CDF), mapped to users through a random permutation.  Gives a heavy-tailed in-degree."""
-  k_u, k_perm = jax.random.split(key)
-  u = jax.random.uniform(k_u, shape)
-  a = jnp.asarray(power, jnp.float32)
-  a = jnp.where(jnp.abs(1.0 - a) < 1e-3, 1.0 - 1e-3, a)
-  x = jnp.power((jnp.power(jnp.float32(n), 1.0 - a) - 1.0) * u + 1.0, 1.0 / (1.0 - a))
-  rank = jnp.clip(jnp.floor(x).astype(jnp.int32) - 1, 0, n - 1)
-  return jax.random.permutation(k_perm, n).astype(jnp.int32)[rank]
+    """Targets drawn with P(popularity rank r) ~ r^-power over ranks [1, n] (continuous inverse
+    CDF), mapped to users through a random permutation.  Gives a heavy-tailed in-degree."""
+    k_u, k_perm = jax.random.split(key)
+    u = jax.random.uniform(k_u, shape)
+    a = jnp.asarray(power, jnp.float32)
+    a = jnp.where(jnp.abs(1.0 - a) < 1e-3, 1.0 - 1e-3, a)
+    x = jnp.power((jnp.power(jnp.float32(n), 1.0 - a) - 1.0) * u + 1.0, 1.0 / (1.0 - a))
+    rank = jnp.clip(jnp.floor(x).astype(jnp.int32) - 1, 0, n - 1)
+    return jax.random.permutation(k_perm, n).astype(jnp.int32)[rank]
 
 
 def reset(key: jax.Array, params: SocialParams) -> SocialState:
-  """Initial population: personas (cluster ids) with interest embeddings around persona centres,
-  log-normal activity rates, a scale-free-ish follow graph (out-degree log-normal around
-  `init_following`, in-degree ~ Zipf(follow_power)), and `num_seed_posts` seed posts by random
-  users created over the last `seed_max_age` ticks.  Cost O(N F + S d)."""
-  p = params.validate()
-  n, d, f = p.num_users, p.embed_dim, p.max_following
-  state = empty_state(p)
-  ks = jax.random.split(key, 9)
-  persona = jax.random.randint(ks[0], (n,), 0, p.num_personas)
-  centers = normalize(jax.random.normal(ks[1], (p.num_personas, d)))
-  interest = normalize(centers[persona] + p.interest_noise * jax.random.normal(ks[2], (n, d))
-                       / jnp.sqrt(jnp.float32(d)))
-  z = jax.random.normal(ks[3], (n,))
-  activity = jnp.clip(p.activation_rate * jnp.exp(p.activity_sigma * z
-                                                   - 0.5 * p.activity_sigma ** 2), 0.0, 1.0)
+    """Initial population: personas (cluster ids) with interest embeddings around persona centres,
+    log-normal activity rates, a scale-free-ish follow graph (out-degree log-normal around
+    `init_following`, in-degree ~ Zipf(follow_power)), and `num_seed_posts` seed posts by random
+    users created over the last `seed_max_age` ticks.  Cost O(N F + S d)."""
+    p = params.validate()
+    n, d, f = p.num_users, p.embed_dim, p.max_following
+    state = empty_state(p)
+    ks = jax.random.split(key, 9)
+    persona = jax.random.randint(ks[0], (n,), 0, p.num_personas)
+    centers = normalize(jax.random.normal(ks[1], (p.num_personas, d)))
+    interest = normalize(centers[persona] + p.interest_noise * jax.random.normal(ks[2], (n, d))
+                         / jnp.sqrt(jnp.float32(d)))
+    z = jax.random.normal(ks[3], (n,))
+    activity = jnp.clip(p.activation_rate * jnp.exp(p.activity_sigma * z
+                                                     - 0.5 * p.activity_sigma ** 2), 0.0, 1.0)
 
-  following = jnp.full((n, f), EMPTY, jnp.int32)
-  if p.init_following > 0:
-    outdeg = jnp.clip(jnp.round(p.init_following * jnp.exp(
-        0.5 * jax.random.normal(ks[4], (n,)) - 0.125)), 1, f).astype(jnp.int32)
-    cand = _follow_targets(ks[5], n, (n, f), p.follow_power)
-    cand = jnp.where((jnp.arange(f)[None] < outdeg[:, None])
-                     & (cand != jnp.arange(n)[:, None]), cand, EMPTY)
-    cand = jnp.sort(cand, axis=1)
-    dup = jnp.concatenate([jnp.zeros((n, 1), bool), cand[:, 1:] == cand[:, :-1]], axis=1)
-    following = jnp.where(dup, EMPTY, cand)
-  has = following >= 0
-  num_following = jnp.sum(has, axis=1, dtype=jnp.int32)
-  num_followers = jnp.zeros((n,), jnp.int32).at[jnp.where(has, following, n)].add(
-      1, mode="drop")
+    following = jnp.full((n, f), EMPTY, jnp.int32)
+    if p.init_following > 0:
+        outdeg = jnp.clip(jnp.round(p.init_following * jnp.exp(
+            0.5 * jax.random.normal(ks[4], (n,)) - 0.125)), 1, f).astype(jnp.int32)
+        cand = _follow_targets(ks[5], n, (n, f), p.follow_power)
+        cand = jnp.where((jnp.arange(f)[None] < outdeg[:, None])
+                         & (cand != jnp.arange(n)[:, None]), cand, EMPTY)
+        cand = jnp.sort(cand, axis=1)
+        dup = jnp.concatenate([jnp.zeros((n, 1), bool), cand[:, 1:] == cand[:, :-1]], axis=1)
+        following = jnp.where(dup, EMPTY, cand)
+    has = following >= 0
+    num_following = jnp.sum(has, axis=1, dtype=jnp.int32)
+    num_followers = jnp.zeros((n,), jnp.int32).at[jnp.where(has, following, n)].add(
+        1, mode="drop")
 
-  s = p.num_seed_posts
-  posts = state.posts
-  last_post = state.users.last_post
-  if s > 0:
-    author = jax.random.randint(ks[6], (s,), 0, n)
-    created = jnp.sort(jax.random.randint(ks[7], (s,), -p.seed_max_age, 0))
-    emb = normalize(interest[author] + p.post_noise * jax.random.normal(ks[8], (s, d))
-                    / jnp.sqrt(jnp.float32(d)))
-    ids = jnp.arange(s, dtype=jnp.int32)
-    posts = posts.replace(
-        id=posts.id.at[:s].set(ids), kind=posts.kind.at[:s].set(PostKind.POST),
-        author=posts.author.at[:s].set(author), created_at=posts.created_at.at[:s].set(created),
-        embedding=posts.embedding.at[:s].set(emb), next_id=jnp.int32(s))
-    last_post = last_post.at[author].max(ids)
-  return state.replace(
-      users=state.users.replace(persona=persona, interest=interest, activity=activity,
-                                num_followers=num_followers, num_following=num_following,
-                                last_post=last_post),
-      graph=state.graph.replace(following=following), posts=posts)
+    s = p.num_seed_posts
+    posts = state.posts
+    last_post = state.users.last_post
+    if s > 0:
+        author = jax.random.randint(ks[6], (s,), 0, n)
+        created = jnp.sort(jax.random.randint(ks[7], (s,), -p.seed_max_age, 0))
+        emb = normalize(interest[author] + p.post_noise * jax.random.normal(ks[8], (s, d))
+                        / jnp.sqrt(jnp.float32(d)))
+        ids = jnp.arange(s, dtype=jnp.int32)
+        posts = posts.replace(
+            id=posts.id.at[:s].set(ids), kind=posts.kind.at[:s].set(PostKind.POST),
+            author=posts.author.at[:s].set(author), created_at=posts.created_at.at[:s].set(created),
+            embedding=posts.embedding.at[:s].set(emb), next_id=jnp.int32(s))
+        last_post = last_post.at[author].max(ids)
+    return state.replace(
+        users=state.users.replace(persona=persona, interest=interest, activity=activity,
+                                  num_followers=num_followers, num_following=num_following,
+                                  last_post=last_post),
+        graph=state.graph.replace(following=following), posts=posts)
 
 
 def _empty_crowd_info(state: SocialState) -> CrowdInfo:
-  z = jnp.zeros((), jnp.int32)
-  e = jnp.zeros((0,), jnp.int32)
-  return CrowdInfo(
-      apply=ApplyInfo(reason=e, effective_target=e, created_id=e, created_slot=e,
-                      created_generation=e, type_counts=jnp.zeros((NUM_TYPES,), jnp.int32),
-                      invalid_counts=jnp.zeros((NUM_REASONS,), jnp.int32),
-                      like_delta=jnp.zeros_like(state.posts.likes)),
-      num_active=z, active_overflow=z, event_overflow=z, feed_fill=jnp.zeros((), jnp.float32))
+    z = jnp.zeros((), jnp.int32)
+    e = jnp.zeros((0,), jnp.int32)
+    return CrowdInfo(
+        apply=ApplyInfo(reason=e, effective_target=e, created_id=e, created_slot=e,
+                        created_generation=e, type_counts=jnp.zeros((NUM_TYPES,), jnp.int32),
+                        invalid_counts=jnp.zeros((NUM_REASONS,), jnp.int32),
+                        like_delta=jnp.zeros_like(state.posts.likes)),
+        num_active=z, active_overflow=z, event_overflow=z, feed_fill=jnp.zeros((), jnp.float32))
 
 
 def step(key: jax.Array, state: SocialState, actions: ActionBatch | None, params: SocialParams
          ) -> tuple[SocialState, StepInfo]:
-  """One tick: agents' actions, then the crowd (if `params.crowd`), then the clock.
+    """One tick: agents' actions, then the crowd (if `params.crowd`), then the clock.
 
-  `actions` may be None (no agents this tick).  Returns `(state, StepInfo)`.
-  """
-  if actions is None:
-    actions = empty_actions(0, params)
-  tick = state.tick
-  state, agent = apply_actions(state, actions, params)
-  ids_after_agents = state.posts.id
-  if params.crowd:
-    state, crowd = crowd_step(key, state, params)
-    like_delta = jnp.where(state.posts.id != ids_after_agents, crowd.apply.like_delta,
-                           agent.like_delta + crowd.apply.like_delta)
-  else:
-    crowd = _empty_crowd_info(state)
-    like_delta = agent.like_delta
-  posts = state.posts
-  young = (posts.id >= 0) & (tick - posts.created_at < params.reward_horizon)
-  posts = posts.replace(likes_h=jnp.where(young, posts.likes, posts.likes_h))
-  state = state.replace(posts=posts, tick=tick + 1)
-  return state, StepInfo(agent=agent, crowd=crowd, like_delta=like_delta, tick=tick)
+    `actions` may be None (no agents this tick).  Returns `(state, StepInfo)`.
+    """
+    if actions is None:
+        actions = empty_actions(0, params)
+    tick = state.tick
+    state, agent = apply_actions(state, actions, params)
+    ids_after_agents = state.posts.id
+    if params.crowd:
+        state, crowd = crowd_step(key, state, params)
+        like_delta = jnp.where(state.posts.id != ids_after_agents, crowd.apply.like_delta,
+                               agent.like_delta + crowd.apply.like_delta)
+    else:
+        crowd = _empty_crowd_info(state)
+        like_delta = agent.like_delta
+    posts = state.posts
+    young = (posts.id >= 0) & (tick - posts.created_at < params.reward_horizon)
+    posts = posts.replace(likes_h=jnp.where(young, posts.likes, posts.likes_h))
+    state = state.replace(posts=posts, tick=tick + 1)
+    return state, StepInfo(agent=agent, crowd=crowd, like_delta=like_delta, tick=tick)
 
 
 def feed(key: jax.Array, state: SocialState, users: jax.Array, params: SocialParams
          ) -> recsys.Feed:
-  """Feeds `[B, K]` (ids, slots, valid, score) for `users [B]`; pure (nothing marked seen).
-  Token ids of the shown posts: `state.posts.tokens[feed.slots]` `[B, K, L]`."""
-  return recsys.recommend(key, state, users, params)
+    """Feeds `[B, K]` (ids, slots, valid, score) for `users [B]`; pure (nothing marked seen).
+    Token ids of the shown posts: `state.posts.tokens[feed.slots]` `[B, K, L]`."""
+    return recsys.recommend(key, state, users, params)
 
 
 def observe(key: jax.Array, state: SocialState, users: jax.Array, params: SocialParams
             ) -> tuple[SocialState, recsys.Feed]:
-  """`feed` + mark the shown posts as seen (the agents' "refresh")."""
-  f = recsys.recommend(key, state, users, params)
-  return recsys.mark_seen(state, users, f, params), f
+    """`feed` + mark the shown posts as seen (the agents' "refresh")."""
+    f = recsys.recommend(key, state, users, params)
+    return recsys.mark_seen(state, users, f, params), f
 
 
 def horizon_likes(state: SocialState, ids: jax.Array, params: SocialParams):
-  """For global post ids: (likes within the reward horizon `[..]` int32, final `[..]` bool =
-  the horizon has passed, alive `[..]` bool).  Valid only where alive; for evicted posts sum
-  `StepInfo.like_delta` instead."""
-  posts = state.posts
-  slot = posts.slot(ids)
-  alive = posts.alive(ids)
-  final = alive & (state.tick - posts.created_at[slot] >= params.reward_horizon)
-  return jnp.where(alive, posts.likes_h[slot], 0), final, alive
+    """For global post ids: (likes within the reward horizon `[..]` int32, final `[..]` bool =
+    the horizon has passed, alive `[..]` bool).  Valid only where alive; for evicted posts sum
+    `StepInfo.like_delta` instead."""
+    posts = state.posts
+    slot = posts.slot(ids)
+    alive = posts.alive(ids)
+    final = alive & (state.tick - posts.created_at[slot] >= params.reward_horizon)
+    return jnp.where(alive, posts.likes_h[slot], 0), final, alive

@@ -22,222 +22,223 @@ EMPTY = -1  # padding value for every id array (users, posts, records)
 
 
 class PostKind(enum.IntEnum):
-  POST = 0
-  COMMENT = 1
-  REPOST = 2
-  QUOTE = 3
+    POST = 0
+    COMMENT = 1
+    REPOST = 2
+    QUOTE = 3
 
 
 class ReactionKind(enum.IntEnum):
-  """Kinds stored in the per-user reaction ring (like and dislike are independent, as in
-  OASIS's separate `like` / `dislike` tables)."""
-  NONE = 0
-  LIKE = 1
-  DISLIKE = 2
-  REPOST = 3
-  REPORT = 4
+    """Kinds stored in the per-user reaction ring (like and dislike are independent, as in
+    OASIS's separate `like` / `dislike` tables)."""
+    NONE = 0
+    LIKE = 1
+    DISLIKE = 2
+    REPOST = 3
+    REPORT = 4
 
 
 def _static(default):
-  return struct.field(pytree_node=False, default=default)
+    return struct.field(pytree_node=False, default=default)
 
 
 @struct.dataclass
 class SocialParams:
-  """Every knob of a society.  Sizes and choices are static (part of the compiled program);
-  rates and weights are float leaves (can be traced, e.g. vmapped over a sweep).
+    """Every knob of a society.  Sizes and choices are static (part of the compiled program);
+    rates and weights are float leaves (can be traced, e.g. vmapped over a sweep).
 
-  Reading order: population -> graph -> posts -> memory -> recsys -> crowd.
-  """
-  # --- population
-  num_users: int = _static(1000)
-  num_agents: int = _static(0)  # LLM agents are users [0, num_agents); the crowd is the rest
-  num_personas: int = _static(16)
-  embed_dim: int = _static(32)
-  # --- graph
-  max_following: int = _static(32)  # F
-  max_muted: int = _static(4)  # M
-  init_following: int = _static(8)  # mean out-degree at reset (capped at F)
-  # --- posts
-  post_capacity: int = _static(4096)  # P
-  content_len: int = _static(16)  # L
-  num_seed_posts: int = _static(1024)
-  seed_max_age: int = _static(24)  # seed posts are created in ticks [-seed_max_age, 0)
-  start_seconds: int = _static(1_700_000_000)  # wall clock of tick 0 (reddit hot uses seconds)
-  seconds_per_tick: int = _static(3600)
-  reward_horizon: int = _static(8)  # H: posts.likes_h freezes the likes of a post at age H
-  # --- memory
-  reaction_memory: int = _static(64)  # R
-  seen_memory: int = _static(32)  # S
-  # --- recommender
-  recsys: str = _static("twitter")  # "random" | "reddit" | "twitter"
-  feed_size: int = _static(10)  # K
-  pool_size: int = _static(256)  # C: shared out-of-network candidate pool
-  in_network: int = _static(8)  # I: followees sampled per user for in-network candidates
-  overfetch: int = _static(2)  # top K * overfetch before the per-user filters
-  recency: str = _static("exp")  # "exp" | "oasis_clipped"
-  exclude_own: bool = _static(True)
-  seen_policy: str = _static("exclude")  # "exclude" | "downweight" | "none"
-  # --- crowd
-  crowd: bool = _static(True)
-  max_active: int = _static(256)  # capacity of the active-crowd batch per tick
-  crowd_budget: int = _static(2048)  # capacity of the crowd action batch per tick
-  # float leaves ------------------------------------------------------------------------------
-  # population
-  interest_noise: float = 0.5  # interest = normalize(persona_center + noise * z)
-  follow_power: float = 0.9  # target popularity ~ rank^-follow_power (scale-free-ish in-degree)
-  activation_rate: float = 0.1  # mean per-tick activation probability of a crowd user
-  activity_sigma: float = 1.0  # log-normal spread of per-user activity (heavy tail)
-  # recsys: score = w_sim cos + w_rec decay(age) + w_pop log1p(likes) + w_in [in-network]
-  w_sim: float = 1.0
-  w_rec: float = 1.0
-  w_pop: float = 0.3
-  w_in: float = 0.5
-  recency_tau: float = 24.0  # ticks, for decay = exp(-age / tau)
-  seen_penalty: float = 2.0  # subtracted when seen_policy == "downweight"
-  explore_frac: float = 0.0  # share of feed slots swapped for uniform random posts
-  # crowd reactions: p = sigmoid(bias + sim_w cos + pop_w log1p(likes) + follow_w [follows]
-  #                              + activity_w log(activity / activation_rate))
-  like_bias: float = -2.5
-  like_sim: float = 3.0
-  like_pop: float = 0.3
-  like_follow: float = 1.0
-  like_activity: float = 0.3
-  dislike_bias: float = -5.0
-  dislike_sim: float = 3.0  # p_dislike = sigmoid(dislike_bias - dislike_sim * cos)
-  p_post: float = 0.1
-  p_repost: float = 0.03
-  p_quote: float = 0.01
-  p_comment: float = 0.05
-  p_follow: float = 0.05
-  post_noise: float = 0.3  # crowd post embedding = normalize(interest + post_noise * z)
+    Reading order: population -> graph -> posts -> memory -> recsys -> crowd.
+    """
+    # --- population
+    num_users: int = _static(1000)
+    num_agents: int = _static(0)  # LLM agents are users [0, num_agents); the crowd is the rest
+    num_personas: int = _static(16)
+    embed_dim: int = _static(32)
+    # --- graph
+    max_following: int = _static(32)  # F
+    max_muted: int = _static(4)  # M
+    init_following: int = _static(8)  # mean out-degree at reset (capped at F)
+    # --- posts
+    post_capacity: int = _static(4096)  # P
+    content_len: int = _static(16)  # L
+    num_seed_posts: int = _static(1024)
+    seed_max_age: int = _static(24)  # seed posts are created in ticks [-seed_max_age, 0)
+    start_seconds: int = _static(1_700_000_000)  # wall clock of tick 0 (reddit hot uses seconds)
+    seconds_per_tick: int = _static(3600)
+    reward_horizon: int = _static(8)  # H: posts.likes_h freezes the likes of a post at age H
+    # --- memory
+    reaction_memory: int = _static(64)  # R
+    seen_memory: int = _static(32)  # S
+    # --- recommender
+    recsys: str = _static("twitter")  # "random" | "reddit" | "twitter"
+    feed_size: int = _static(10)  # K
+    pool_size: int = _static(256)  # C: shared out-of-network candidate pool
+    in_network: int = _static(8)  # I: followees sampled per user for in-network candidates
+    overfetch: int = _static(2)  # top K * overfetch before the per-user filters
+    recency: str = _static("exp")  # "exp" | "oasis_clipped"
+    exclude_own: bool = _static(True)
+    seen_policy: str = _static("exclude")  # "exclude" | "downweight" | "none"
+    # --- crowd
+    crowd: bool = _static(True)
+    max_active: int = _static(256)  # capacity of the active-crowd batch per tick
+    crowd_budget: int = _static(2048)  # capacity of the crowd action batch per tick
+    # float leaves ------------------------------------------------------------------------------
+    # population
+    interest_noise: float = 0.5  # interest = normalize(persona_center + noise * z)
+    follow_power: float = 0.9  # target popularity ~ rank^-follow_power (scale-free-ish in-degree)
+    activation_rate: float = 0.1  # mean per-tick activation probability of a crowd user
+    activity_sigma: float = 1.0  # log-normal spread of per-user activity (heavy tail)
+    # recsys: score = w_sim cos + w_rec decay(age) + w_pop log1p(likes) + w_in [in-network]
+    w_sim: float = 1.0
+    w_rec: float = 1.0
+    w_pop: float = 0.3
+    w_in: float = 0.5
+    recency_tau: float = 24.0  # ticks, for decay = exp(-age / tau)
+    seen_penalty: float = 2.0  # subtracted when seen_policy == "downweight"
+    explore_frac: float = 0.0  # share of feed slots swapped for uniform random posts
+    # crowd reactions: p = sigmoid(bias + sim_w cos + pop_w log1p(likes) + follow_w [follows]
+    #                              + activity_w log(activity / activation_rate))
+    like_bias: float = -2.5
+    like_sim: float = 3.0
+    like_pop: float = 0.3
+    like_follow: float = 1.0
+    like_activity: float = 0.3
+    dislike_bias: float = -5.0
+    dislike_sim: float = 3.0  # p_dislike = sigmoid(dislike_bias - dislike_sim * cos)
+    p_post: float = 0.1
+    p_repost: float = 0.03
+    p_quote: float = 0.01
+    p_comment: float = 0.05
+    p_follow: float = 0.05
+    post_noise: float = 0.3  # crowd post embedding = normalize(interest + post_noise * z)
 
-  def validate(self) -> "SocialParams":
-    """Raise ValueError naming the first inconsistent size."""
-    checks = [
-        ("num_users", self.num_users, self.num_users >= 2),
-        ("num_agents", self.num_agents, 0 <= self.num_agents <= self.num_users),
-        ("post_capacity", self.post_capacity, self.post_capacity >= 1),
-        ("num_seed_posts", self.num_seed_posts, 0 <= self.num_seed_posts <= self.post_capacity),
-        ("max_following", self.max_following, self.max_following >= 1),
-        ("init_following", self.init_following,
-         0 <= self.init_following <= self.max_following),
-        ("max_muted", self.max_muted, self.max_muted >= 1),
-        ("reaction_memory", self.reaction_memory, self.reaction_memory >= 1),
-        ("seen_memory", self.seen_memory, self.seen_memory >= 1),
-        ("feed_size", self.feed_size, self.feed_size >= 1),
-        ("pool_size", self.pool_size, 1 <= self.pool_size <= self.post_capacity),
-        ("in_network", self.in_network, 0 <= self.in_network <= self.max_following),
-        ("recsys", self.recsys, self.recsys in ("random", "reddit", "twitter")),
-        ("recency", self.recency, self.recency in ("exp", "oasis_clipped")),
-        ("seen_policy", self.seen_policy, self.seen_policy in ("exclude", "downweight", "none")),
-        ("max_active", self.max_active, self.max_active >= 1),
-        ("crowd_budget", self.crowd_budget,
-         1 <= self.crowd_budget <= self.post_capacity),
-        ("num_users * 8", self.num_users * 8, self.num_users * 8 < 2**31),
-    ]
-    for name, value, ok in checks:
-      if not ok:
-        raise ValueError(f"invalid SocialParams.{name}={value!r}")
-    return self
+    def validate(self) -> "SocialParams":
+        """Raise ValueError naming the first inconsistent size."""
+        checks = [
+            ("num_users", self.num_users, self.num_users >= 2),
+            ("num_agents", self.num_agents, 0 <= self.num_agents <= self.num_users),
+            ("post_capacity", self.post_capacity, self.post_capacity >= 1),
+            ("num_seed_posts", self.num_seed_posts, 0 <= self.num_seed_posts <= self.post_capacity),
+            ("max_following", self.max_following, self.max_following >= 1),
+            ("init_following", self.init_following,
+             0 <= self.init_following <= self.max_following),
+            ("max_muted", self.max_muted, self.max_muted >= 1),
+            ("reaction_memory", self.reaction_memory, self.reaction_memory >= 1),
+            ("seen_memory", self.seen_memory, self.seen_memory >= 1),
+            ("feed_size", self.feed_size, self.feed_size >= 1),
+            ("pool_size", self.pool_size, 1 <= self.pool_size <= self.post_capacity),
+            ("in_network", self.in_network, 0 <= self.in_network <= self.max_following),
+            ("recsys", self.recsys, self.recsys in ("random", "reddit", "twitter")),
+            ("recency", self.recency, self.recency in ("exp", "oasis_clipped")),
+            ("seen_policy", self.seen_policy,
+             self.seen_policy in ("exclude", "downweight", "none")),
+            ("max_active", self.max_active, self.max_active >= 1),
+            ("crowd_budget", self.crowd_budget,
+             1 <= self.crowd_budget <= self.post_capacity),
+            ("num_users * 8", self.num_users * 8, self.num_users * 8 < 2**31),
+        ]
+        for name, value, ok in checks:
+            if not ok:
+                raise ValueError(f"invalid SocialParams.{name}={value!r}")
+        return self
 
 
 @struct.dataclass
 class Users:
-  persona: jax.Array  # [N] int32
-  interest: jax.Array  # [N, d] float32, unit norm
-  activity: jax.Array  # [N] float32, per-tick activation probability (heavy-tailed)
-  num_followers: jax.Array  # [N] int32 (= in-degree of the follow graph)
-  num_following: jax.Array  # [N] int32 (= non-empty entries of graph.following[u])
-  last_post: jax.Array  # [N] int32 global id of the user's latest post/repost/quote or -1
+    persona: jax.Array  # [N] int32
+    interest: jax.Array  # [N, d] float32, unit norm
+    activity: jax.Array  # [N] float32, per-tick activation probability (heavy-tailed)
+    num_followers: jax.Array  # [N] int32 (= in-degree of the follow graph)
+    num_following: jax.Array  # [N] int32 (= non-empty entries of graph.following[u])
+    last_post: jax.Array  # [N] int32 global id of the user's latest post/repost/quote or -1
 
 
 @struct.dataclass
 class Graph:
-  following: jax.Array  # [N, F] int32 followee ids, EMPTY holes anywhere in a row
-  muted: jax.Array  # [N, M] int32 muted user ids, EMPTY holes
+    following: jax.Array  # [N, F] int32 followee ids, EMPTY holes anywhere in a row
+    muted: jax.Array  # [N, M] int32 muted user ids, EMPTY holes
 
 
 @struct.dataclass
 class Posts:
-  """Ring buffer of P slots; fields indexed by slot = id % P."""
-  id: jax.Array  # [P] int32 global id in the slot, EMPTY if never used
-  kind: jax.Array  # [P] int32 PostKind
-  author: jax.Array  # [P] int32 user id
-  parent: jax.Array  # [P] int32 global id: original (repost/quote), commented post, or EMPTY
-  created_at: jax.Array  # [P] int32 tick
-  tokens: jax.Array  # [P, L] int32 content token ids (a repost copies its original's)
-  embedding: jax.Array  # [P, d] float32 unit norm, computed once at creation
-  likes: jax.Array  # [P] int32
-  dislikes: jax.Array  # [P] int32
-  reposts: jax.Array  # [P] int32
-  quotes: jax.Array  # [P] int32
-  comments: jax.Array  # [P] int32
-  reports: jax.Array  # [P] int32
-  likes_h: jax.Array  # [P] int32 likes received while age < reward_horizon, then frozen
-  next_id: jax.Array  # [] int32 id the next created post gets
+    """Ring buffer of P slots; fields indexed by slot = id % P."""
+    id: jax.Array  # [P] int32 global id in the slot, EMPTY if never used
+    kind: jax.Array  # [P] int32 PostKind
+    author: jax.Array  # [P] int32 user id
+    parent: jax.Array  # [P] int32 global id: original (repost/quote), commented post, or EMPTY
+    created_at: jax.Array  # [P] int32 tick
+    tokens: jax.Array  # [P, L] int32 content token ids (a repost copies its original's)
+    embedding: jax.Array  # [P, d] float32 unit norm, computed once at creation
+    likes: jax.Array  # [P] int32
+    dislikes: jax.Array  # [P] int32
+    reposts: jax.Array  # [P] int32
+    quotes: jax.Array  # [P] int32
+    comments: jax.Array  # [P] int32
+    reports: jax.Array  # [P] int32
+    likes_h: jax.Array  # [P] int32 likes received while age < reward_horizon, then frozen
+    next_id: jax.Array  # [] int32 id the next created post gets
 
-  @property
-  def capacity(self) -> int:
-    return self.id.shape[-1]
+    @property
+    def capacity(self) -> int:
+        return self.id.shape[-1]
 
-  def slot(self, ids: jax.Array) -> jax.Array:
-    """Slot of global ids (`ids % P`; EMPTY maps to a valid slot, mask with `alive`)."""
-    return jnp.maximum(ids, 0) % self.capacity
+    def slot(self, ids: jax.Array) -> jax.Array:
+        """Slot of global ids (`ids % P`; EMPTY maps to a valid slot, mask with `alive`)."""
+        return jnp.maximum(ids, 0) % self.capacity
 
-  def generation(self, ids: jax.Array) -> jax.Array:
-    return jnp.maximum(ids, 0) // self.capacity
+    def generation(self, ids: jax.Array) -> jax.Array:
+        return jnp.maximum(ids, 0) // self.capacity
 
-  def alive(self, ids: jax.Array) -> jax.Array:
-    """True where `ids` names a post still in the ring buffer (not missing, not evicted)."""
-    return (ids >= 0) & (ids < self.next_id) & (self.id[self.slot(ids)] == ids)
+    def alive(self, ids: jax.Array) -> jax.Array:
+        """True where `ids` names a post still in the ring buffer (not missing, not evicted)."""
+        return (ids >= 0) & (ids < self.next_id) & (self.id[self.slot(ids)] == ids)
 
 
 @struct.dataclass
 class Memory:
-  react_post: jax.Array  # [N, R] int32 global post ids (FIFO ring), EMPTY = free
-  react_kind: jax.Array  # [N, R] int8 ReactionKind
-  react_head: jax.Array  # [N] int32 next ring position to write (mod R)
-  seen: jax.Array  # [N, S] int32 global ids shown in the user's recent feeds (FIFO ring)
-  seen_head: jax.Array  # [N] int32
+    react_post: jax.Array  # [N, R] int32 global post ids (FIFO ring), EMPTY = free
+    react_kind: jax.Array  # [N, R] int8 ReactionKind
+    react_head: jax.Array  # [N] int32 next ring position to write (mod R)
+    seen: jax.Array  # [N, S] int32 global ids shown in the user's recent feeds (FIFO ring)
+    seen_head: jax.Array  # [N] int32
 
 
 @struct.dataclass
 class SocialState:
-  users: Users
-  graph: Graph
-  posts: Posts
-  memory: Memory
-  tick: jax.Array  # [] int32 simulation clock
+    users: Users
+    graph: Graph
+    posts: Posts
+    memory: Memory
+    tick: jax.Array  # [] int32 simulation clock
 
 
 def empty_state(params: SocialParams) -> SocialState:
-  """All-empty state with the shapes `params` asks for (no users' attributes drawn yet)."""
-  p = params.validate()
-  n, d, cap, ln = p.num_users, p.embed_dim, p.post_capacity, p.content_len
-  i32 = jnp.int32
-  full = lambda shape: jnp.full(shape, EMPTY, i32)
-  zeros = lambda shape: jnp.zeros(shape, i32)
-  users = Users(
-      persona=zeros((n,)), interest=jnp.zeros((n, d), jnp.float32),
-      activity=jnp.zeros((n,), jnp.float32), num_followers=zeros((n,)),
-      num_following=zeros((n,)), last_post=full((n,)))
-  graph = Graph(following=full((n, p.max_following)), muted=full((n, p.max_muted)))
-  posts = Posts(
-      id=full((cap,)), kind=zeros((cap,)), author=full((cap,)), parent=full((cap,)),
-      created_at=zeros((cap,)), tokens=zeros((cap, ln)),
-      embedding=jnp.zeros((cap, d), jnp.float32), likes=zeros((cap,)),
-      dislikes=zeros((cap,)), reposts=zeros((cap,)), quotes=zeros((cap,)),
-      comments=zeros((cap,)), reports=zeros((cap,)), likes_h=zeros((cap,)),
-      next_id=jnp.zeros((), i32))
-  memory = Memory(
-      react_post=full((n, p.reaction_memory)),
-      react_kind=jnp.zeros((n, p.reaction_memory), jnp.int8), react_head=zeros((n,)),
-      seen=full((n, p.seen_memory)), seen_head=zeros((n,)))
-  return SocialState(users=users, graph=graph, posts=posts, memory=memory,
-                     tick=jnp.zeros((), i32))
+    """All-empty state with the shapes `params` asks for (no users' attributes drawn yet)."""
+    p = params.validate()
+    n, d, cap, ln = p.num_users, p.embed_dim, p.post_capacity, p.content_len
+    i32 = jnp.int32
+    full = lambda shape: jnp.full(shape, EMPTY, i32)
+    zeros = lambda shape: jnp.zeros(shape, i32)
+    users = Users(
+        persona=zeros((n,)), interest=jnp.zeros((n, d), jnp.float32),
+        activity=jnp.zeros((n,), jnp.float32), num_followers=zeros((n,)),
+        num_following=zeros((n,)), last_post=full((n,)))
+    graph = Graph(following=full((n, p.max_following)), muted=full((n, p.max_muted)))
+    posts = Posts(
+        id=full((cap,)), kind=zeros((cap,)), author=full((cap,)), parent=full((cap,)),
+        created_at=zeros((cap,)), tokens=zeros((cap, ln)),
+        embedding=jnp.zeros((cap, d), jnp.float32), likes=zeros((cap,)),
+        dislikes=zeros((cap,)), reposts=zeros((cap,)), quotes=zeros((cap,)),
+        comments=zeros((cap,)), reports=zeros((cap,)), likes_h=zeros((cap,)),
+        next_id=jnp.zeros((), i32))
+    memory = Memory(
+        react_post=full((n, p.reaction_memory)),
+        react_kind=jnp.zeros((n, p.reaction_memory), jnp.int8), react_head=zeros((n,)),
+        seen=full((n, p.seen_memory)), seen_head=zeros((n,)))
+    return SocialState(users=users, graph=graph, posts=posts, memory=memory,
+                       tick=jnp.zeros((), i32))
 
 
 def normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
-  """x / max(||x||, eps) along the last axis."""
-  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+    """x / max(||x||, eps) along the last axis."""
+    return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
