@@ -1,0 +1,49 @@
+"""CPU demo: tiny Llama + in-repo tokenizer + crowd reactions; minutes on a 2-core CPU.
+
+    python launch/train.py --config=configs/demo.py --workdir=runs/demo
+    python launch/train.py --config=configs/demo.py:smoke      # a few ticks, one update (tests)
+
+Crowd reactions make the learning signal clear: crowd users like posts whose embedding (the
+frozen reference model's pooled hidden state) is close to their interests, so the policy can
+learn which texts earn likes, and that posting earns reward at all.
+"""
+import ml_collections
+
+from jaxsocial.train import defaults
+
+
+def get_config(arg=None):
+    c = defaults.base_config()
+    c.name = "demo"
+    c.model.preset = "tiny"
+    c.model.checkpoint = ""          # empty: random init of the preset (seeded)
+    c.tokenizer = ""                 # empty: the in-repo tiny tokenizer
+    c.agents.num_agents = 16
+    c.society.update(num_users=2048, num_personas=4, embed_dim=16, post_capacity=2048,
+                     content_len=12, num_seed_posts=256, feed_size=4, pool_size=128,
+                     max_active=256, crowd_budget=512, activation_rate=0.1,
+                     reward_horizon=4, interest_noise=0.3, like_bias=-3.0, like_sim=5.0,
+                     p_post=0.02)
+    c.rollout.ticks_per_epoch = 8
+    c.rollout.max_new_tokens = 16
+    c.rollout.temperature = 1.0
+    c.rl.algo = "ppo"
+    c.rl.lr = 3e-4                   # tiny random model: far above the 8B default (3e-6)
+    c.rl.kl_coef = 0.01
+    c.rl.ppo_epochs = 2
+    c.rl.minibatches = 2
+    c.train.epochs = 8
+    c.train.checkpoint_every = 2
+    if arg == "smoke":
+        c.agents.num_agents = 4
+        c.society.update(num_users=256, post_capacity=256, num_seed_posts=32, pool_size=32,
+                         max_active=32, crowd_budget=64)
+        c.rollout.ticks_per_epoch = 2
+        c.rollout.max_new_tokens = 8
+        c.rl.ppo_epochs = 1
+        c.rl.minibatches = 1
+        c.train.epochs = 1
+        c.train.checkpoint_every = 1
+    elif arg:
+        raise ValueError(f"unknown demo variant {arg!r}; use configs/demo.py or :smoke")
+    return c

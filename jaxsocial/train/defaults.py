@@ -1,0 +1,59 @@
+"""Defaults shared by every Social-RL config (configs/*.py override what they need)."""
+import ml_collections
+
+PERSONAS = (
+    "You are Ada, a software engineer who loves open-source tools and clean code.",
+    "You are Bo, a home cook who shares quick recipes and kitchen tips.",
+    "You are Cy, a climate researcher who explains new papers in plain words.",
+    "You are Di, a football fan who comments on every match.",
+    "You are Eve, a high-school teacher who posts study advice.",
+    "You are Fu, a travel photographer who shares places and light.",
+    "You are Gil, a startup founder who writes about product and growth.",
+    "You are Hana, a nurse who posts about health myths and facts.",
+)
+
+INSTRUCTION = ("You are on a social network. Here are posts from your feed. Reply with one "
+               "action: 'post: <text>', 'comment <n>: <text>', 'like <n>', 'repost <n>', "
+               "'follow <n>' or 'nothing'.")
+FOOTER = "Your action:"
+
+
+def base_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.name = "run"
+    c.seed = 0
+    c.model = ml_collections.ConfigDict(dict(
+        preset="tiny", checkpoint="", dtype="float32", param_dtype="float32"))
+    c.tokenizer = ""
+    c.agents = ml_collections.ConfigDict(dict(
+        num_agents=16,
+        personas=PERSONAS,        # cycled over agents
+        instruction=INSTRUCTION,
+        footer=FOOTER,
+        action_mode="constrained",  # "constrained" (grammar) | "free" (parse, count failures)
+        actions=("post", "comment", "like", "repost", "follow", "nothing"),
+    ))
+    # Passed to jaxsocial.social.state.SocialParams (num_agents is set from agents.num_agents).
+    c.society = ml_collections.ConfigDict(dict(
+        num_users=2048, num_personas=4, embed_dim=16, post_capacity=2048, content_len=12,
+        num_seed_posts=256, feed_size=4, pool_size=128, recsys="twitter", crowd=True,
+        max_active=256, crowd_budget=512, reward_horizon=4))
+    c.rollout = ml_collections.ConfigDict(dict(
+        ticks_per_epoch=8, max_new_tokens=16, temperature=0.7, top_k=0, top_p=1.0))
+    c.reward = ml_collections.ConfigDict(dict(
+        horizon=4,           # H ticks after creation
+        like=1.0, repost=0.0, comment=0.0, new_followers=0.0,
+        non_post=0.0,        # score of a trajectory that created no post
+        normalize="none",    # "none" | "whiten" (per epoch) | "running"
+    ))
+    c.rl = ml_collections.ConfigDict(dict(
+        algo="ppo",          # "ppo" | "grpo"
+        lr=3e-6, warmup_steps=0, max_grad_norm=1.0, weight_decay=0.0,
+        ppo_epochs=4, minibatches=1, clip_eps=0.2, value_clip=0.2, vf_coef=0.1,
+        entropy_coef=0.0, gamma=1.0, lam=0.95, kl_coef=0.05, kl_estimator="k1",
+        adaptive_kl=False, value_mode="head"))
+    c.train = ml_collections.ConfigDict(dict(
+        epochs=4, checkpoint_every=1, keep_checkpoints=3, log_samples=4, export_hf=True))
+    c.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1)))
+    c.distributed = ml_collections.ConfigDict(dict(enabled=False))
+    return c

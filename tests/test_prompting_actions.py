@@ -1,0 +1,125 @@
+"""Prompt assembly in jit vs host chat-template rendering; agent action grammar and parser."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxsocial.generation import grammar as grammar_lib
+from jaxsocial.models.tokenizer import tiny_tokenizer
+from jaxsocial.social import prompting
+from jaxsocial.social.actions import ActionType
+from jaxsocial.train import agent_actions
+
+PERSONAS = ["You are Ada, an engineer.", "You are Bo, a cook who loves soup!"]
+INSTRUCTION = "Pick one action for your feed."
+FOOTER = "Your action:"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+def _posts(tok, texts, length):
+    out = np.zeros((len(texts), length), np.int32)
+    for i, t in enumerate(texts):
+        ids = tok.encode(t, add_special_tokens=False)[:length]
+        out[i, :len(ids)] = ids
+    return out
+
+
+def test_assembled_prompt_decodes_to_the_chat_template_text(tok):
+    k, length = 3, 12
+    template = prompting.PromptTemplate.build(tok, PERSONAS, INSTRUCTION, FOOTER, feed_size=k,
+                                              content_len=length, bucket=32)
+    texts = ["hello world", "soup is great today", "new paper on clouds", "x"]
+    post_tokens = _posts(tok, texts, length)
+    feed = np.array([[0, 1, 2], [3, 0, 0]])
+    valid = np.array([[True, True, True], [True, False, True]])
+    agents = np.array([0, 1])
+    ids, mask = jax.jit(prompting.assemble, static_argnums=(4,))(
+        template, jnp.asarray(agents), jnp.asarray(post_tokens[feed]), jnp.asarray(valid), 0)
+    ids, mask = np.asarray(ids), np.asarray(mask)
+    assert ids.shape == (2, template.max_len) and template.max_len % 32 == 0
+    for b in range(2):
+        assert not mask[b, :np.argmax(mask[b])].any() and mask[b, np.argmax(mask[b]):].all()
+        shown = [tok.decode(post_tokens[feed[b, j]][post_tokens[feed[b, j]] != 0])
+                 for j in range(k) if valid[b, j]]
+        # Labels are feed positions: row 1 shows slots 1 and 3.
+        labels = [j for j in range(k) if valid[b, j]]
+        body = "".join(f"[{j + 1}] {t}\n" for j, t in zip(labels, shown))
+        expected = prompting.render_chat(tok, PERSONAS[agents[b]],
+                                         INSTRUCTION + "\n" + body + FOOTER)
+        got = tok.decode(ids[b][mask[b]], skip_special_tokens=False)
+        assert got == expected
+        assert (ids[b][~mask[b]] == tok.pad_token_id).all()
+
+
+def test_template_rejects_untrimmed_persona(tok):
+    with pytest.raises(ValueError, match="persona 0"):
+        prompting.PromptTemplate.build(tok, [" padded "], INSTRUCTION, FOOTER, 2, 8)
+
+
+@pytest.fixture(scope="module")
+def vocab(tok):
+    return agent_actions.ActionVocab.build(
+        tok, ["post", "comment", "like", "follow", "nothing"], feed_size=3,
+        stop_ids=[tok.convert_tokens_to_ids("<|eot_id|>")])
+
+
+def _encode_answer(tok, text, n=16):
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    ids = tok.encode(text, add_special_tokens=False) + [eot]
+    out = np.zeros(n, np.int32)
+    out[:len(ids)] = ids
+    return out, np.arange(n) < len(ids)
+
+
+def test_parser_maps_answers_to_society_actions(tok, vocab):
+    answers = ["like 2", "post: soup for everyone", "comment 3: nice", "follow 1", "nothing",
+               "I refuse", "like 9"]
+    rows = [_encode_answer(tok, a, n=24) for a in answers]
+    tokens = jnp.asarray(np.stack([r[0] for r in rows]))
+    mask = jnp.asarray(np.stack([r[1] for r in rows]))
+    p = agent_actions.parse(vocab, tokens, mask, content_len=14)
+    t = [int(x) for x in p.type]
+    assert t == [ActionType.LIKE_POST, ActionType.CREATE_POST, ActionType.CREATE_COMMENT,
+                 ActionType.FOLLOW, ActionType.DO_NOTHING, ActionType.MALFORMED,
+                 ActionType.MALFORMED]
+    assert [int(x) for x in p.feed_pos[:5]] == [1, -1, 2, 0, -1]
+    content = np.asarray(p.content)
+    assert tok.decode(content[1][content[1] != 0]) == " soup for everyone"
+    assert tok.decode(content[2][content[2] != 0]) == " nice"
+    assert not content[0].any()
+    feed_ids = jnp.asarray([[10, 11, 12]] * 7)
+    feed_valid = jnp.asarray([[True, True, False]] * 7)
+    authors = jnp.asarray([[100, 101, 102]] * 7)
+    acts = agent_actions.to_actions(p, jnp.arange(7), feed_ids, feed_valid, authors,
+                                    jnp.zeros((7, 4)))
+    # like 2 -> post 11; comment 3 hits an empty feed slot -> EMPTY; follow 1 -> author 100.
+    assert [int(x) for x in acts.target[:4]] == [11, -1, -1, 100]
+
+
+def test_grammar_only_emits_parsable_answers(tok, vocab):
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    g = vocab.grammar(len(tok), max_text_tokens=6, exclude_from_text=range(6))
+    # Random walks through the FSM: every accepted sequence must parse.
+    key = jax.random.key(0)
+    b, n = 64, 16
+    state = jnp.full((b,), g.start)
+    toks, masks = [], []
+    done = jnp.zeros((b,), bool)
+    for t in range(n):
+        key, sub = jax.random.split(key)
+        logits = jnp.where(g.allowed[state], 0.0, -1e30)
+        tok_t = jax.random.categorical(sub, logits)
+        live = ~done
+        toks.append(jnp.where(live, tok_t, 0))
+        masks.append(live)
+        done = done | (live & (tok_t == eot))
+        state = grammar_lib.advance(g, state, tok_t, live)
+    tokens, mask = jnp.stack(toks, 1), jnp.stack(masks, 1)
+    assert bool(done.all())
+    assert bool(grammar_lib.accepts(g, tokens, mask).all())
+    p = agent_actions.parse(vocab, tokens, mask, content_len=8)
+    assert bool(p.parsed.all())
