@@ -150,13 +150,15 @@ PRESETS = {
     "small_20m": dict(vocab_size=8192, hidden_size=384, intermediate_size=1024,
                       num_hidden_layers=8, num_attention_heads=6, num_key_value_heads=2,
                       rope_theta=500000.0, max_position_embeddings=2048,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0),
-    # A few hundred K parameters: CPU tests and the demo (vocab matches the tiny tokenizer).
+                      bos_token_id=1, eos_token_id=(2, 5), pad_token_id=0),
+    # A few hundred K parameters: CPU tests and the demo. Vocab and special ids match
+    # `jaxsocial.models.tokenizer.tiny_tokenizer()`: pad 0, <|begin_of_text|> 1,
+    # eos = (<|end_of_text|> 2, <|eot_id|> 5).
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=176,
                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  rope_theta=500000.0, max_position_embeddings=1024,
                  rope_scaling=dict(_LLAMA3_SCALING, original_max_position_embeddings=256),
-                 bos_token_id=1, eos_token_id=2, pad_token_id=0),
+                 bos_token_id=1, eos_token_id=(2, 5), pad_token_id=0),
 }
 
 

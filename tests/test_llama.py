@@ -1,0 +1,210 @@
+"""The Flax NNX Llama against transformers' PyTorch LlamaForCausalLM, plus its own invariants.
+
+Weights always take the real path: a random transformers model -> its `save_pretrained`
+directory -> our `llama.from_pretrained`.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+import hf_utils
+from jaxsocial.models import llama
+
+B, T = 3, 24
+ATOL = 1e-4
+
+CASES = {
+    "multi_head": dict(),
+    "gqa_llama3_rope": dict(num_key_value_heads=2, rope_theta=10000.0,
+                            rope_scaling=hf_utils.LLAMA3_ROPE_SCALING),
+    "tied": dict(tie_word_embeddings=True, num_key_value_heads=2),
+    "head_dim_16": dict(head_dim=16, num_key_value_heads=1),
+}
+
+
+def _ids(seed, shape, vocab=hf_utils.TINY_HF_CONFIG["vocab_size"]):
+    return np.random.RandomState(seed).randint(3, vocab, shape).astype(np.int32)
+
+
+def _left_padded_mask():
+    mask = np.ones((B, T), bool)
+    mask[1, :5] = False
+    mask[2, :11] = False
+    return mask
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """name -> (HF dir, PyTorch model) for every CASE."""
+    out = {}
+    for i, (name, overrides) in enumerate(CASES.items()):
+        path = tmp_path_factory.mktemp(name)
+        out[name] = (path, hf_utils.save_random_hf_model(path, seed=i, **overrides))
+    return out
+
+
+@pytest.fixture(scope="module")
+def gqa(checkpoints):
+    """(our model, PyTorch model) for the GQA + llama3-rope case."""
+    path, hf = checkpoints["gqa_llama3_rope"]
+    return llama.from_pretrained(path), hf
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_logits_match_transformers(checkpoints, name):
+    path, hf = checkpoints[name]
+    model = llama.from_pretrained(path)
+    cfg = model.config
+    assert cfg.tie_word_embeddings == CASES[name].get("tie_word_embeddings", False)
+    assert (model.lm_head is None) == cfg.tie_word_embeddings
+    if "head_dim" in CASES[name]:
+        assert cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size
+    ids = _ids(1, (B, T))
+    ref = hf_utils.hf_logits(hf, ids)
+    ours = np.asarray(model(jnp.asarray(ids)))
+    assert ours.shape == ref.shape == (B, T, cfg.vocab_size) and ours.dtype == np.float32
+    np.testing.assert_allclose(ours, ref, atol=ATOL, rtol=0)
+    # The comparison is sensitive: random weights give logits of a visible size.
+    assert np.abs(ref).max() > 1e-2
+
+
+@pytest.mark.parametrize("change", [dict(rope_scaling=None), dict(rope_theta=500000.0)])
+def test_parity_is_sensitive_to_rope(gqa, change):
+    """Control for the parity test: the wrong rope scaling or theta must break parity."""
+    model, hf = gqa
+    ids = _ids(2, (1, T))
+    ref = hf_utils.hf_logits(hf, ids)
+    right = model.config
+    model.config = right.replace(**change)
+    try:
+        wrong = np.asarray(model(jnp.asarray(ids)))
+    finally:
+        model.config = right
+    assert np.abs(wrong - ref).max() > 100 * ATOL
+    np.testing.assert_allclose(np.asarray(model(jnp.asarray(ids))), ref, atol=ATOL, rtol=0)
+
+
+def test_left_padded_batch_matches_each_sequence_alone(gqa):
+    model, hf = gqa
+    ids, mask = _ids(3, (B, T)), _left_padded_mask()
+    out = model.forward(jnp.asarray(ids), jnp.asarray(mask))
+    batch = np.asarray(out.logits)
+    assert out.hidden.shape == (B, T, model.config.hidden_size)
+    # transformers with the same positions (cumsum(mask) - 1) agrees on every real token.
+    ref = hf_utils.hf_logits(hf, ids, mask)
+    np.testing.assert_allclose(batch[mask], ref[mask], atol=ATOL, rtol=0)
+    for row in range(B):
+        real = ids[row][mask[row]][None]
+        alone = np.asarray(model(jnp.asarray(real)))[0]
+        np.testing.assert_allclose(batch[row][mask[row]], alone, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(alone, hf_utils.hf_logits(hf, real)[0], atol=ATOL, rtol=0)
+
+
+def test_cache_prefill_then_decode_matches_full_forward(gqa):
+    model, _ = gqa
+    cfg = model.config
+    ids, mask = _ids(4, (B, T)), _left_padded_mask()
+    full = model.forward(jnp.asarray(ids), jnp.asarray(mask))
+
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def step(state, ids, mask, cache):
+        out = nnx.merge(graphdef, state).forward(ids, mask, cache=cache)
+        return out.logits, out.hidden, out.cache
+
+    prefill = 16
+    cache = llama.init_cache(cfg, B, T + 4)
+    logits, hidden, cache = step(state, jnp.asarray(ids[:, :prefill]),
+                                 jnp.asarray(mask[:, :prefill]), cache)
+    pieces, hiddens = [logits], [hidden]
+    # A 3-token chunk (another trace) then one token at a time (one trace, reused).
+    chunks = [(prefill, prefill + 3)] + [(t, t + 1) for t in range(prefill + 3, T)]
+    for a, b in chunks:
+        logits, hidden, cache = step(state, jnp.asarray(ids[:, a:b]), jnp.asarray(mask[:, a:b]),
+                                     cache)
+        pieces.append(logits)
+        hiddens.append(hidden)
+    assert step._cache_size() == 3
+    inc = np.concatenate([np.asarray(p) for p in pieces], axis=1)
+    inc_hidden = np.concatenate([np.asarray(h) for h in hiddens], axis=1)
+    np.testing.assert_allclose(inc[mask], np.asarray(full.logits)[mask], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(inc_hidden[mask], np.asarray(full.hidden)[mask], atol=1e-5,
+                               rtol=0)
+    assert int(cache.index) == T
+    np.testing.assert_array_equal(np.asarray(cache.lengths), mask.sum(1))
+    np.testing.assert_array_equal(np.asarray(cache.mask)[:, :T], mask)
+    assert not np.asarray(cache.mask)[:, T:].any()
+    # Unwritten slots are untouched.
+    assert not np.asarray(cache.k)[:, :, T:].any()
+
+
+def test_bfloat16_forward_close_to_float32(tmp_path):
+    # transformers' own init scale would make attention almost uniform; 0.05 keeps it sharp
+    # enough that bf16 rounding shows, without the chaos of the 0.2 used for parity.
+    hf = hf_utils.save_random_hf_model(tmp_path, seed=7, initializer_range=0.05,
+                                       **CASES["gqa_llama3_rope"])
+    f32 = llama.from_pretrained(tmp_path)
+    bf16 = llama.from_pretrained(tmp_path, dtype="bfloat16")
+    assert bf16.config.dtype == bf16.config.param_dtype == "bfloat16"
+    assert bf16.layers[0].self_attn.q_proj[...].dtype == jnp.bfloat16
+    mixed = llama.from_pretrained(tmp_path, dtype="bfloat16", param_dtype="float32")
+    assert mixed.layers[0].mlp.up_proj[...].dtype == jnp.float32
+    ids, mask = _ids(5, (B, T)), _left_padded_mask()
+    ref = np.asarray(f32(jnp.asarray(ids), jnp.asarray(mask)))[mask]
+    rel_err = lambda x: np.linalg.norm(x - ref) / np.linalg.norm(ref)  # noqa: E731
+    hf_bf16 = hf_utils.hf_logits(hf.to(torch.bfloat16), ids, mask)[mask]
+    for model in (bf16, mixed):
+        out = model(jnp.asarray(ids), jnp.asarray(mask))
+        assert out.dtype == jnp.float32  # logits are float32 whatever the compute dtype
+        out = np.asarray(out)[mask]
+        assert np.isfinite(out).all()
+        # Close to float32, and no further from it than transformers' own bfloat16 forward.
+        assert 0 < rel_err(out) < 1e-2, rel_err(out)
+        assert rel_err(out) < 1.5 * rel_err(hf_bf16), (rel_err(out), rel_err(hf_bf16))
+
+
+def test_parameters_carry_logical_axis_names(gqa):
+    model, _ = gqa
+    fresh = llama.init(llama.preset("tiny"))
+    known = {"vocab", "embed", "q_heads", "kv_heads", "mlp", "norm"}
+    for m in (model, fresh):
+        params = list(nnx.iter_graph(m))
+        variables = [v for _, v in params if isinstance(v, nnx.Param)]
+        assert len(variables) == 9 * m.config.num_hidden_layers + 2 + (
+            0 if m.config.tie_word_embeddings else 1)
+        for v in variables:
+            names = v.get_metadata()["out_sharding"]
+            assert len(names) == v[...].ndim and set(names) <= known, names
+    assert model.embed_tokens.get_metadata()["out_sharding"] == ("vocab", "embed")
+    assert model.lm_head.get_metadata()["out_sharding"] == ("embed", "vocab")
+    attn = model.layers[0].self_attn
+    assert attn.q_proj.get_metadata()["out_sharding"] == ("embed", "q_heads")
+    assert attn.o_proj.get_metadata()["out_sharding"] == ("q_heads", "embed")
+
+
+def test_presets_and_config_validation():
+    tiny = llama.preset("tiny")
+    assert 100_000 < tiny.num_params() < 1_000_000
+    assert 15e6 < llama.preset("small_20m").num_params() < 25e6
+    b1 = llama.preset("llama3_2_1b")
+    assert 1.1e9 < b1.num_params() < 1.3e9 and b1.tie_word_embeddings
+    assert 7.9e9 < llama.preset("llama3_8b").num_params() < 8.1e9
+    model = llama.init(tiny)
+    assert sum(v[...].size for _, v in nnx.iter_graph(model)
+               if isinstance(v, nnx.Param)) == tiny.num_params()
+    with pytest.raises(ValueError, match="'nope'"):
+        llama.preset("nope")
+    with pytest.raises(ValueError, match="'yarn'"):
+        llama.preset("tiny", rope_scaling={"rope_type": "yarn", "factor": 2.0})
+    with pytest.raises(ValueError, match="low_freq_factor"):
+        llama.preset("tiny", rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                           "high_freq_factor": 4.0,
+                                           "original_max_position_embeddings": 64})
+    with pytest.raises(ValueError, match="num_key_value_heads=3"):
+        llama.preset("tiny", num_key_value_heads=3)
+    hash(tiny)  # static under jit
