@@ -68,7 +68,7 @@ class Reason(enum.IntEnum):
     DUPLICATE = 10  # liked / disliked / reposted / reported twice, followed or muted twice
     NOTHING_TO_UNDO = 11  # unlike without like, unfollow a stranger, unmute a non-muted user
     CONFLICT_IN_BATCH = 12  # same (actor, family, target) already acted on earlier in the batch
-    MEMORY_FULL = 13  # the reaction ring slot to write still records a live post
+    MEMORY_FULL = 13  # all R reaction records of the user point at live posts
     FOLLOWING_FULL = 14
     MUTE_FULL = 15
 
@@ -200,9 +200,9 @@ def _rank_in_group(key, mask):
     return jnp.zeros((b,), jnp.int32).at[order].set(idx - start)
 
 
-def _kth_free(rows, rank):
-    """Position of the (rank+1)-th EMPTY entry of each row `[B, W]` and whether it exists."""
-    c = jnp.cumsum(rows == EMPTY, axis=1)
+def _kth_free(free, rank):
+    """Position of the (rank+1)-th True of each row of `free [B, W]` and whether it exists."""
+    c = jnp.cumsum(free, axis=1)
     hit = c == (rank[:, None] + 1)
     return jnp.argmax(hit, axis=1).astype(jnp.int32), jnp.any(hit, axis=1)
 
@@ -300,29 +300,27 @@ def apply_actions(state: SocialState, actions: ActionBatch, params: SocialParams
     ins = (reason == Reason.OK) & keyed & (direction > 0)
     mem_id = jnp.where(is_rec, 0, jnp.where(fam == FAM_FOLLOW, 1, 2))
     rank = _rank_in_group(actor * 3 + mem_id, ins)
-    big_r = params.reaction_memory
-    rpos = (mem.react_head[actor] + rank) % big_r
-    old = jnp.take_along_axis(rrow, rpos[:, None], axis=1)[:, 0]
-    busy = (rank >= big_r) | posts.alive(old)
-    reason = reject(reason, ins & is_rec & busy, Reason.MEMORY_FULL)
-
+    # Removals first (they free entries), then the r-th free entry of the row for the r-th insert.
     rem = (reason == Reason.OK) & keyed & (direction < 0)
-    rem_f = rem & (fam == FAM_FOLLOW)
-    rem_m = rem & (fam == FAM_MUTE)
-    fpos_rm = jnp.argmax(fmatch, axis=1).astype(jnp.int32)
-    mpos_rm = jnp.argmax(mmatch, axis=1).astype(jnp.int32)
+    rem_f, rem_m, rem_r = rem & (fam == FAM_FOLLOW), rem & (fam == FAM_MUTE), rem & is_rec
     drop_row = lambda m: jnp.where(m, actor, n)  # out-of-bounds row -> scatter dropped
-    following = graph.following.at[drop_row(rem_f), fpos_rm].set(EMPTY, mode="drop")
-    muted = graph.muted.at[drop_row(rem_m), mpos_rm].set(EMPTY, mode="drop")
-    fpos, f_free = _kth_free(following[actor], rank)
-    mpos, m_free = _kth_free(muted[actor], rank)
+    first_true = lambda m: jnp.argmax(m, axis=1).astype(jnp.int32)
+    following = graph.following.at[drop_row(rem_f), first_true(fmatch)].set(EMPTY, mode="drop")
+    muted = graph.muted.at[drop_row(rem_m), first_true(mmatch)].set(EMPTY, mode="drop")
+    react_post = mem.react_post.at[drop_row(rem_r), first_true(rmatch)].set(EMPTY, mode="drop")
+    # A reaction record is free when empty or when its post left the ring buffer: a record is
+    # only ever dropped once it can no longer matter, so "no double like" holds exactly.
+    rrow2 = react_post[actor]
+    rpos, r_free = _kth_free(~posts.alive(rrow2), rank)
+    fpos, f_free = _kth_free(following[actor] == EMPTY, rank)
+    mpos, m_free = _kth_free(muted[actor] == EMPTY, rank)
+    reason = reject(reason, ins & is_rec & ~r_free, Reason.MEMORY_FULL)
     reason = reject(reason, ins & (fam == FAM_FOLLOW) & ~f_free, Reason.FOLLOWING_FULL)
     reason = reject(reason, ins & (fam == FAM_MUTE) & ~m_free, Reason.MUTE_FULL)
 
     ok = reason == Reason.OK
     ins = ok & keyed & (direction > 0)
     ins_f, ins_m, ins_r = ins & (fam == FAM_FOLLOW), ins & (fam == FAM_MUTE), ins & is_rec
-    rem_r = ok & keyed & (direction < 0) & is_rec
 
     # --- relations
     following = following.at[drop_row(ins_f), fpos].set(eff, mode="drop")
@@ -331,14 +329,8 @@ def apply_actions(state: SocialState, actions: ActionBatch, params: SocialParams
     num_following = users.num_following.at[actor].add(dfollow)
     num_followers = users.num_followers.at[jnp.clip(eff, 0, n - 1)].add(dfollow)
 
-    rpos_rm = jnp.argmax(rmatch, axis=1).astype(jnp.int32)
-    react_post = mem.react_post.at[drop_row(rem_r), rpos_rm].set(EMPTY, mode="drop")
     react_post = react_post.at[drop_row(ins_r), rpos].set(eff, mode="drop")
     react_kind = mem.react_kind.at[drop_row(ins_r), rpos].set(rk.astype(jnp.int8), mode="drop")
-    # Rows rejected as MEMORY_FULL consumed their ring position too: the head moves past them.
-    cand_r = is_rec & (direction > 0) & ((reason == Reason.OK) | (reason == Reason.MEMORY_FULL))
-    head_adv = jnp.zeros((n,), jnp.int32).at[drop_row(cand_r)].max(rank + 1, mode="drop")
-    react_head = (mem.react_head + head_adv) % big_r
 
     # --- counters (segment sums over the batch; on the effective post)
     eslot = posts.slot(eff)
@@ -387,7 +379,7 @@ def apply_actions(state: SocialState, actions: ActionBatch, params: SocialParams
         graph=graph.replace(following=following, muted=muted),
         users=users.replace(num_following=num_following, num_followers=num_followers,
                             last_post=last_post),
-        memory=mem.replace(react_post=react_post, react_kind=react_kind, react_head=react_head))
+        memory=mem.replace(react_post=react_post, react_kind=react_kind))
     created_id = jnp.where(cr, new_id, EMPTY)
     info = ApplyInfo(
         reason=reason, effective_target=eff, created_id=created_id,

@@ -3,7 +3,7 @@
 Sizes (all static): N users, d embedding dims, F followee slots per user, M mute slots, P post
 slots (ring buffer), L content tokens per post, R reaction records per user, S seen records per
 user.  Nothing is N x N or N x P: the follow graph is padded adjacency `[N, F]`, reactions live in
-a per-user FIFO ring `[N, R]`.
+per-user records `[N, R]` whose entries are reused once their post has left the buffer.
 
 Post ids are *global* and monotone: the k-th post ever created has id k and lives in slot
 `k % P`; its generation is `k // P`.  `posts.id[slot]` holds the id currently in a slot, so an id
@@ -196,9 +196,9 @@ class Posts:
 
 @struct.dataclass
 class Memory:
-    react_post: jax.Array  # [N, R] int32 global post ids (FIFO ring), EMPTY = free
+    react_post: jax.Array  # [N, R] int32 global post ids, EMPTY = free; a record of an
+    #                        evicted post is free too (reused by the next reaction)
     react_kind: jax.Array  # [N, R] int8 ReactionKind
-    react_head: jax.Array  # [N] int32 next ring position to write (mod R)
     seen: jax.Array  # [N, S] int32 global ids shown in the user's recent feeds (FIFO ring)
     seen_head: jax.Array  # [N] int32
 
@@ -233,7 +233,7 @@ def empty_state(params: SocialParams) -> SocialState:
         next_id=jnp.zeros((), i32))
     memory = Memory(
         react_post=full((n, p.reaction_memory)),
-        react_kind=jnp.zeros((n, p.reaction_memory), jnp.int8), react_head=zeros((n,)),
+        react_kind=jnp.zeros((n, p.reaction_memory), jnp.int8),
         seen=full((n, p.seen_memory)), seen_head=zeros((n,)))
     return SocialState(users=users, graph=graph, posts=posts, memory=memory,
                        tick=jnp.zeros((), i32))
