@@ -22,7 +22,7 @@ def get_config(arg=None):
     c.society.update(num_users=2048, num_personas=4, embed_dim=16, post_capacity=2048,
                      content_len=12, num_seed_posts=256, feed_size=4, pool_size=128,
                      max_active=256, crowd_budget=512, activation_rate=0.1,
-                     reward_horizon=4, interest_noise=0.3, like_bias=-3.0, like_sim=5.0,
+                     interest_noise=0.3, like_bias=-3.0, like_sim=5.0,
                      p_post=0.02)
     c.rollout.ticks_per_epoch = 8
     c.rollout.max_new_tokens = 16

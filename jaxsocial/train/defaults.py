@@ -37,7 +37,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.society = ml_collections.ConfigDict(dict(
         num_users=2048, num_personas=4, embed_dim=16, post_capacity=2048, content_len=12,
         num_seed_posts=256, feed_size=4, pool_size=128, recsys="twitter", crowd=True,
-        max_active=256, crowd_budget=512, reward_horizon=4))
+        max_active=256, crowd_budget=512))
     c.rollout = ml_collections.ConfigDict(dict(
         ticks_per_epoch=8, max_new_tokens=16, temperature=0.7, top_k=0, top_p=1.0))
     c.reward = ml_collections.ConfigDict(dict(
@@ -57,3 +57,24 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1)))
     c.distributed = ml_collections.ConfigDict(dict(enabled=False))
     return c
+
+
+# Text of crowd and seed posts (the crowd simulator creates posts without tokens).
+CROWD_TEXTS = (
+    "Just shipped a new release of my side project!",
+    "Anyone else think tabs are better than spaces?",
+    "Tomato soup with basil is the best quick dinner.",
+    "Three tips for crispy roast potatoes.",
+    "New study: city trees cool streets by two degrees.",
+    "Why the ocean is warming faster than expected.",
+    "What a match last night, the keeper was amazing.",
+    "Transfer rumours are out of control this week.",
+    "Study tip: teach the topic to a friend.",
+    "Exams start Monday, good luck everyone!",
+    "Golden hour on the harbour today.",
+    "Packing light for a week in the mountains.",
+    "Talk to ten users before you write code.",
+    "Our startup just hit a thousand users!",
+    "No, vitamin C does not cure a cold.",
+    "Drink water and sleep well before a long shift.",
+)

@@ -1,0 +1,436 @@
+"""One Social-RL epoch = rollout in the society (compiled) + social reward + PPO/GRPO update.
+
+    run = SocialRL(config)                 # host-side set-up: model, tokenizer, society, PPO
+    state = run.init_state()               # RunState: train state, society, key, epoch
+    state, metrics, samples = run.run_epoch(state)
+
+Rollout (one jitted program, `lax.scan` over ticks): the LLM agents read their recommended feed,
+a prompt is assembled from pre-tokenized pieces (`social.prompting`), the policy generates their
+action (under the action grammar in `constrained` mode), the answer is parsed into a society
+action, the post text is embedded by the frozen reference model, the society applies the agents'
+actions and lets the crowd react. After the epoch's ticks, `reward.horizon - 1` crowd-only
+"settle" ticks let every post of the epoch see its full horizon. A post's score is the engagement
+it received within the horizon (`rl.rewards`), the trajectory that created it gets that score,
+and the update (PPO or GRPO) runs on all trajectories of the epoch. The reference model stays
+the initial policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+from flax import nnx, struct
+
+from jaxsocial.generation.generate import generate_from_state
+from jaxsocial.generation.sampling import SamplingConfig
+from jaxsocial.models import llama
+from jaxsocial.rl import buffer as buffer_lib
+from jaxsocial.rl import grpo as grpo_lib
+from jaxsocial.rl import policy as policy_lib
+from jaxsocial.rl import ppo as ppo_lib
+from jaxsocial.rl import rewards as rewards_lib
+from jaxsocial.rl.state import TrainState
+from jaxsocial.social import prompting, society
+from jaxsocial.social.actions import ActionType
+from jaxsocial.social.state import PostKind, SocialState
+from jaxsocial.train import agent_actions, defaults, sharding
+
+Array = jax.Array
+
+ENGAGEMENT = ("likes", "reposts", "comments")
+
+
+@struct.dataclass
+class RunState:
+    """Everything a checkpoint holds: the RL train state, the society, the loop key, the epoch."""
+
+    train: TrainState
+    society: SocialState
+    key: Array    # uint32 [2] raw PRNG key data
+    epoch: Array  # int32: epochs completed
+
+
+@struct.dataclass
+class Rollout:
+    """Per tick t and agent a (leading dims [T, A]) plus per recorded tick (incl. settle ticks)."""
+
+    prompt_ids: Array       # [T, A, Lp] int32
+    prompt_mask: Array      # [T, A, Lp] bool
+    tokens: Array           # [T, A, N] int32
+    logprobs: Array         # [T, A, N] float32
+    mask: Array             # [T, A, N] bool
+    action_type: Array      # [T, A] int32 parsed ActionType (MALFORMED if unparsable)
+    parsed: Array           # [T, A] bool
+    reason: Array           # [T, A] int32 society Reason for the applied action
+    created_id: Array       # [T, A] int32 post id created by the action, -1 if none
+    tick: Array             # [T] int32 society tick of each agent tick
+    deltas: Array           # [T + S, P, E] int32 engagement gained per slot per recorded tick
+    slot_ids: Array         # [T + S, P] int32 post id in each slot after each recorded tick
+    follower_delta: Array   # [T + S, A] int32 followers gained by each agent per recorded tick
+    crowd_posts: Array      # [T + S] int32 posts created by the crowd per recorded tick
+
+
+def _tokenizer(config):
+    from jaxsocial.models.tokenizer import tiny_tokenizer
+    path = config.tokenizer or config.model.checkpoint
+    return tiny_tokenizer() if not path else llama.load_tokenizer(path)
+
+
+def _model(config, tokenizer) -> llama.Llama:
+    m = config.model
+    if m.checkpoint:
+        model = llama.from_pretrained(m.checkpoint, dtype=m.dtype, param_dtype=m.param_dtype)
+    else:
+        cfg = llama.preset(m.preset, dtype=m.dtype, param_dtype=m.param_dtype)
+        model = llama.Llama(cfg, rngs=nnx.Rngs(int(config.seed)))
+    if len(tokenizer) > model.config.vocab_size:
+        raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the model's embedding has "
+                         f"{model.config.vocab_size} rows")
+    return model
+
+
+def _stop_ids(tokenizer) -> Tuple[int, ...]:
+    ids = {tokenizer.convert_tokens_to_ids(t) for t in ("<|eot_id|>", "<|end_of_text|>")}
+    ids.discard(None)
+    ids.discard(tokenizer.unk_token_id)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return tuple(sorted(int(i) for i in ids))
+
+
+def _text_bank(tokenizer, texts, length: int) -> np.ndarray:
+    out = np.zeros((len(texts), length), np.int32)
+    for i, t in enumerate(texts):
+        ids = tokenizer.encode(t, add_special_tokens=False)[:length]
+        out[i, :len(ids)] = ids
+    return out
+
+
+class SocialRL:
+    """Host-side set-up of one Social-RL run, and its compiled epoch pieces."""
+
+    def __init__(self, config: ml_collections.ConfigDict, mesh=None):
+        self.config = config
+        c = config
+        if c.rl.algo not in ("ppo", "grpo"):
+            raise ValueError(f"rl.algo={c.rl.algo!r}; choose 'ppo' or 'grpo'")
+        if c.agents.action_mode not in ("constrained", "free"):
+            raise ValueError(f"agents.action_mode={c.agents.action_mode!r}; choose "
+                             f"'constrained' or 'free'")
+        self.mesh = mesh if mesh is not None else sharding.make_mesh(tuple(c.mesh.shape))
+        self.tokenizer = _tokenizer(c)
+        model = _model(c, self.tokenizer)
+        self.model_config = model.config
+        a = int(c.agents.num_agents)
+        if a < 1:
+            raise ValueError(f"agents.num_agents must be >= 1, got {a}")
+        self.num_agents = a
+        horizon = int(c.reward.horizon)
+        if horizon < 1:
+            raise ValueError(f"reward.horizon must be >= 1, got {horizon}")
+        self.params = society.make_params(**dict(c.society), num_agents=a,
+                                          reward_horizon=horizon)
+        if self.params.num_users < a:
+            raise ValueError(f"society.num_users={self.params.num_users} < agents.num_agents={a}")
+        personas = [c.agents.personas[i % len(c.agents.personas)] for i in range(a)]
+        self.template = prompting.PromptTemplate.build(
+            self.tokenizer, personas, c.agents.instruction, c.agents.footer,
+            self.params.feed_size, self.params.content_len)
+        self.stop_ids = _stop_ids(self.tokenizer)
+        self.vocab = agent_actions.ActionVocab.build(self.tokenizer, c.agents.actions,
+                                                     self.params.feed_size, self.stop_ids)
+        n_new = int(c.rollout.max_new_tokens)
+        longest_prefix = int(np.max(np.asarray(self.vocab.prefix_len)))
+        max_text = min(self.params.content_len, n_new - longest_prefix - 1)
+        if max_text < 1:
+            raise ValueError(f"rollout.max_new_tokens={n_new} leaves no room for text after the "
+                             f"longest action prefix ({longest_prefix} tokens) and a stop token")
+        specials = sorted(set(self.tokenizer.added_tokens_decoder) | {0})
+        self.grammar = (self.vocab.grammar(model.config.vocab_size, max_text, specials)
+                        if c.agents.action_mode == "constrained" else None)
+        self.sampling = SamplingConfig(
+            max_new_tokens=n_new, temperature=float(c.rollout.temperature),
+            top_k=int(c.rollout.top_k), top_p=float(c.rollout.top_p),
+            stop_token_ids=self.stop_ids, prompt_bucket=self.template.max_len)
+        self.rl_config = self._rl_config(c)
+        pdef, params, ref = policy_lib.init_policy(
+            model, value_mode="none" if c.rl.algo == "grpo" else c.rl.value_mode)
+        self.pdef = pdef
+        self._init_params, self._init_ref = params, ref
+        make = grpo_lib.make_update if c.rl.algo == "grpo" else ppo_lib.make_update
+        self.update = make(self.rl_config, pdef)
+        # Frozen post encoder: reference hidden states, mean-pooled, fixed random projection.
+        h, d = model.config.hidden_size, self.params.embed_dim
+        self.projection = jax.random.normal(jax.random.key(int(c.seed) + 7919), (h, d)) / np.sqrt(h)
+        self.text_bank = jnp.asarray(_text_bank(self.tokenizer, defaults.CROWD_TEXTS,
+                                                self.params.content_len))
+        self._rollout = jax.jit(self._rollout_fn)
+        self._score = jax.jit(self._score_fn)
+
+    # ------------------------------------------------------------------------------------------
+    # set-up
+
+    def _rl_config(self, c):
+        common = dict(learning_rate=float(c.rl.lr), warmup_steps=int(c.rl.warmup_steps),
+                      max_grad_norm=float(c.rl.max_grad_norm),
+                      weight_decay=float(c.rl.weight_decay), ppo_epochs=int(c.rl.ppo_epochs),
+                      num_minibatches=int(c.rl.minibatches), clip_eps=float(c.rl.clip_eps),
+                      ent_coef=float(c.rl.entropy_coef), kl_coef=float(c.rl.kl_coef),
+                      kl_estimator=c.rl.kl_estimator, stop_token_ids=self.stop_ids,
+                      temperature=float(c.rollout.temperature), top_k=int(c.rollout.top_k),
+                      top_p=float(c.rollout.top_p))
+        if c.rl.algo == "grpo":
+            # Group = the agents acting in the same tick (a tick-level baseline): the society
+            # applies one answer per agent, so there are no repeated samples of one prompt.
+            return grpo_lib.GRPOConfig(group_size=self.num_agents, **common)
+        return ppo_lib.PPOConfig(value_clip=float(c.rl.value_clip), vf_coef=float(c.rl.vf_coef),
+                                 gamma=float(c.rl.gamma), lam=float(c.rl.lam),
+                                 adaptive_kl=bool(c.rl.adaptive_kl), **common)
+
+    def init_state(self) -> RunState:
+        """Fresh run: initial policy (= reference), society reset, keys from config.seed."""
+        key = jax.random.key(int(self.config.seed))
+        k_train, k_soc, k_loop = jax.random.split(key, 3)
+        train = ppo_lib.init_train_state(self.rl_config, self.pdef,
+                                         jax.tree.map(jnp.copy, self._init_params),
+                                         self._init_ref, k_train)
+        soc = society.reset(k_soc, self.params)
+        soc = self._fill_text(soc)
+        return self.place(RunState(train=train, society=soc, key=jax.random.key_data(k_loop),
+                                   epoch=jnp.zeros((), jnp.int32)))
+
+    def place(self, state: RunState) -> RunState:
+        """Put a run state on the mesh: parameters by the logical-axis rules (via their model
+        metadata), everything else replicated."""
+        mesh = self.mesh
+        if mesh.size == 1:
+            return jax.device_put(state, mesh.devices.flat[0])
+        return jax.device_put(state, self.state_shardings(state))
+
+    def state_shardings(self, state: RunState):
+        mesh = self.mesh
+        _, model_state = nnx.split(nnx.eval_shape(lambda: llama.Llama(
+            self.model_config, rngs=nnx.Rngs(0))))
+        weight_sh = nnx.to_pure_dict(sharding.state_shardings(model_state, mesh))
+        rep = sharding.replicated(mesh)
+
+        def weights_like(tree):
+            # Any subtree with the model's structure (params, reference, Adam moments) gets the
+            # parameter shardings; everything else is replicated.
+            if isinstance(tree, dict) and set(tree) == set(weight_sh):
+                return jax.tree.map(lambda s, _: s, weight_sh, tree)
+            if isinstance(tree, dict):
+                return {k: weights_like(v) for k, v in tree.items()}
+            if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
+                return type(tree)(weights_like(v) for v in tree)
+            if hasattr(tree, "_fields"):
+                return type(tree)(*(weights_like(v) for v in tree))
+            if dataclasses.is_dataclass(tree):
+                return tree.replace(**{f.name: weights_like(getattr(tree, f.name))
+                                       for f in dataclasses.fields(tree)
+                                       if f.metadata.get("pytree_node", True)})
+            return jax.tree.map(lambda _: rep, tree)
+        return RunState(train=weights_like(state.train),
+                        society=jax.tree.map(lambda _: rep, state.society),
+                        key=rep, epoch=rep)
+
+    # ------------------------------------------------------------------------------------------
+    # compiled pieces
+
+    def _fill_text(self, soc: SocialState) -> SocialState:
+        """Crowd and seed posts carry no tokens; give them text from the crowd text bank so the
+        agents' feeds are readable (chosen by post id, stable across ticks)."""
+        posts = soc.posts
+        empty = (posts.id >= 0) & ~jnp.any(posts.tokens != 0, axis=1)
+        bank = self.text_bank[jnp.maximum(posts.id, 0) % self.text_bank.shape[0]]
+        return soc.replace(posts=posts.replace(
+            tokens=jnp.where(empty[:, None], bank, posts.tokens)))
+
+    def _embed(self, ref_params, content: Array) -> Array:
+        """Frozen encoder: content [B, L] -> unit embeddings [B, d] (reference model)."""
+        mask = content != 0  # right-padded: positions 0..n-1, padding never attended
+        out = nnx.merge(self.pdef.graphdef, ref_params).forward(content, mask)
+        m = mask[..., None].astype(jnp.float32)
+        pooled = (out.hidden.astype(jnp.float32) * m).sum(1) / jnp.maximum(m.sum(1), 1.0)
+        z = pooled @ self.projection
+        return z / jnp.maximum(jnp.linalg.norm(z, axis=-1, keepdims=True), 1e-6)
+
+    def _counters(self, soc: SocialState) -> Array:
+        p = soc.posts
+        return jnp.stack([p.likes, p.reposts, p.comments], axis=-1)
+
+    def _record(self, before: SocialState, after: SocialState):
+        """Engagement gained during the tick per slot (a new post in a slot starts from 0)."""
+        same = (after.posts.id == before.posts.id)[:, None]
+        c_after, c_before = self._counters(after), self._counters(before)
+        deltas = jnp.where(same, c_after - c_before, c_after)
+        a = self.num_agents
+        followers = after.users.num_followers[:a] - before.users.num_followers[:a]
+        crowd_posts = jnp.sum((after.posts.id != before.posts.id) & (after.posts.author >= a))
+        return deltas, after.posts.id, followers, crowd_posts
+
+    def _rollout_fn(self, params, ref_params, soc: SocialState, key: Array):
+        a = self.num_agents
+        agents = jnp.arange(a, dtype=jnp.int32)
+        weights = policy_lib.policy_weights(self.pdef, params, ref_params)
+        graphdef = self.pdef.graphdef
+
+        def agent_tick(carry, _):
+            soc, key = carry
+            key, k_feed, k_gen, k_step = jax.random.split(key, 4)
+            soc, feed = society.observe(k_feed, soc, agents, self.params)
+            feed_tokens = soc.posts.tokens[feed.slots]
+            feed_authors = jnp.where(feed.valid, soc.posts.author[feed.slots], -1)
+            ids, mask = prompting.assemble(self.template, agents, feed_tokens, feed.valid, 0)
+            out = generate_from_state(graphdef, weights, ids, mask, k_gen,
+                                                   self.sampling, self.grammar)
+            parsed = agent_actions.parse(self.vocab, out.tokens, out.mask,
+                                         self.params.content_len)
+            emb = self._embed(ref_params, parsed.content)
+            acts = agent_actions.to_actions(parsed, agents, feed.ids, feed.valid,
+                                            feed_authors, emb)
+            before = soc
+            soc, info = society.step(k_step, soc, acts, self.params)
+            soc = self._fill_text(soc)
+            rec = self._record(before, soc)
+            ys = dict(prompt_ids=ids, prompt_mask=mask, tokens=out.tokens,
+                      logprobs=out.logprobs, mask=out.mask, action_type=parsed.type,
+                      parsed=parsed.parsed, reason=info.agent.reason,
+                      created_id=info.agent.created_id, tick=info.tick)
+            return (soc, key), (ys, rec)
+
+        def settle_tick(carry, _):
+            soc, key = carry
+            key, k_step = jax.random.split(key)
+            before = soc
+            soc, _ = society.step(k_step, soc, None, self.params)
+            soc = self._fill_text(soc)
+            return (soc, key), self._record(before, soc)
+
+        (soc, key), (ys, rec) = jax.lax.scan(agent_tick, (soc, key), None,
+                                              length=int(self.config.rollout.ticks_per_epoch))
+        settle = int(self.config.reward.horizon) - 1 if self.config.reward.get("settle", True) else 0
+        if settle > 0:
+            (soc, key), rec_s = jax.lax.scan(settle_tick, (soc, key), None, length=settle)
+            rec = jax.tree.map(lambda x, y: jnp.concatenate([x, y]), rec, rec_s)
+        deltas, slot_ids, follower_delta, crowd_posts = rec
+        return soc, Rollout(**ys, deltas=deltas, slot_ids=slot_ids,
+                            follower_delta=follower_delta, crowd_posts=crowd_posts)
+
+    def scores(self, ro: Rollout) -> Tuple[Array, Array]:
+        """Per-trajectory score [T, A] and per-post engagement [T, A, E] (0 where no post)."""
+        t, a = ro.created_id.shape
+        created = ro.created_id.reshape(-1)
+        created_tick = jnp.repeat(ro.tick, a)
+        eng = rewards_lib.engagement_within_horizon(created, created_tick, ro.deltas,
+                                                    ro.slot_ids, int(self.config.reward.horizon),
+                                                    first_tick=ro.tick[0])
+        r = self.config.reward
+        w = jnp.asarray([r.like, r.repost, r.comment], jnp.float32)
+        score = eng @ w
+        if r.new_followers:
+            authors = jnp.tile(jnp.arange(a), t)
+            score += r.new_followers * rewards_lib.followers_within_horizon(
+                authors, created_tick, ro.follower_delta, int(r.horizon), ro.tick[0],
+                valid=created >= 0)
+        score = jnp.where(created >= 0, score, float(r.non_post))
+        return score.reshape(t, a), eng.reshape(t, a, -1)
+
+    def _score_fn(self, train: TrainState, ro: Rollout):
+        score, eng = self.scores(ro)
+        score_n = rewards_lib.normalize_scores(score.reshape(-1), self.config.reward.normalize)
+        flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
+        batch = buffer_lib.make_trajectory(
+            flat(ro.prompt_ids), flat(ro.prompt_mask), flat(ro.tokens), flat(ro.mask),
+            scores=score_n)
+        if self.grammar is not None:
+            from jaxsocial.generation import grammar as grammar_lib
+            batch = batch.replace(allowed=grammar_lib.step_masks(self.grammar, batch.response_tokens,
+                                                                 batch.response_mask))
+        lp, ref, values = policy_lib.score_batch(self.pdef, train.params, train.ref_params, batch,
+                                                 self.rl_config)
+        batch = batch.replace(old_logprobs=lp, ref_logprobs=ref, values=values)
+        # How far the rollout's own log-probs are from the re-scored ones (should be ~0).
+        logprob_gap = jnp.max(jnp.abs(jnp.where(batch.response_mask,
+                                                lp - flat(ro.logprobs), 0.0)))
+        return batch, score, eng, logprob_gap
+
+    # ------------------------------------------------------------------------------------------
+    # one epoch
+
+    def run_epoch(self, state: RunState) -> Tuple[RunState, Dict[str, Any], List[dict]]:
+        """Rollout + reward + update. Returns (new state, metrics dict, text samples)."""
+        t0 = time.perf_counter()
+        key = jax.random.wrap_key_data(state.key)
+        key, k_roll = jax.random.split(key)
+        soc, ro = self._rollout(state.train.params, state.train.ref_params, state.society, k_roll)
+        jax.block_until_ready(ro.tokens)
+        t_roll = time.perf_counter() - t0
+        batch, score, eng, gap = self._score(state.train, ro)
+        train, upd = self.update(state.train, batch)
+        jax.block_until_ready(train.step)
+        wall = time.perf_counter() - t0
+        new = RunState(train=train, society=soc, key=jax.random.key_data(key),
+                       epoch=state.epoch + 1)
+        metrics = self._metrics(ro, score, eng, upd, gap, wall, t_roll)
+        metrics["epoch"] = int(new.epoch)
+        return self.place(new), metrics, self._samples(ro, score, int(new.epoch))
+
+    def _metrics(self, ro: Rollout, score, eng, upd, gap, wall, t_roll) -> Dict[str, Any]:
+        created = np.asarray(ro.created_id) >= 0
+        types = np.asarray(ro.action_type)
+        is_post = created & np.isin(types, [int(ActionType.CREATE_POST),
+                                            int(ActionType.QUOTE_POST)])
+        eng = np.asarray(eng)
+        likes = eng[..., 0][is_post]
+        engaged = eng.sum(-1)[is_post] > 0
+        n_posts = int(is_post.sum())
+        names = {int(t): t.name.lower() for t in ActionType}
+        mix = {names[k]: int((types == k).sum()) for k in np.unique(types)}
+        tokens = float(np.asarray(ro.mask).sum())
+        sc = np.asarray(score)
+        m = {
+            "avg_likes_per_post": float(likes.mean()) if n_posts else 0.0,
+            "zero_like_share": float((likes == 0).mean()) if n_posts else 0.0,
+            "positive_engagement_share": float(engaged.mean()) if n_posts else 0.0,
+            "total_posts": n_posts,
+            "created_total": int(created.sum()),
+            "parse_failures": int((~np.asarray(ro.parsed)).sum()),
+            "invalid_actions": int(((np.asarray(ro.reason) != 0) & np.asarray(ro.parsed)).sum()),
+            "reward_mean": float(sc.mean()),
+            "reward_std": float(sc.std()),
+            "action_mix": mix,
+            "crowd_posts": int(np.asarray(ro.crowd_posts).sum()),
+            "likes_hist": np.bincount(likes.astype(int), minlength=1).tolist() if n_posts else [],
+            "logprob_gap": float(gap),
+            "tokens_per_s": tokens / max(t_roll, 1e-9),
+            "ticks_per_s": ro.tick.shape[0] / max(t_roll, 1e-9),
+            "rollout_s": t_roll,
+            "wall_s": wall,
+            "ppo": {k: float(v) for k, v in upd.items()},
+        }
+        return m
+
+    def _samples(self, ro: Rollout, score, epoch: int, n: Optional[int] = None) -> List[dict]:
+        n = int(self.config.train.log_samples) if n is None else n
+        toks, mask = np.asarray(ro.tokens[-1]), np.asarray(ro.mask[-1])
+        sc = np.asarray(score[-1])
+        out = []
+        for a in range(min(n, toks.shape[0])):
+            out.append({"epoch": epoch, "agent": a,
+                        "text": self.tokenizer.decode(toks[a][mask[a]], skip_special_tokens=True),
+                        "score": float(sc[a])})
+        return out
+
+    def export_policy(self, state: RunState, path: str) -> None:
+        """Write the current policy as a Hugging Face directory (`llama.save_pretrained`)."""
+        weights = policy_lib.policy_weights(self.pdef, state.train.params, state.train.ref_params)
+        model = nnx.merge(self.pdef.graphdef, jax.device_get(weights))
+        llama.save_pretrained(model, path)
