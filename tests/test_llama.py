@@ -143,6 +143,14 @@ def test_cache_prefill_then_decode_matches_full_forward(gqa):
     assert not np.asarray(cache.k)[:, :, T:].any()
 
 
+def test_cache_overflow_is_an_error(gqa):
+    model, _ = gqa
+    cache = llama.init_cache(model.config, 1, 8)
+    out = model.forward(jnp.ones((1, 6), jnp.int32), cache=cache)
+    with pytest.raises(ValueError, match="6 slots used \\+ 3 new tokens > max_len 8"):
+        model.forward(jnp.ones((1, 3), jnp.int32), cache=out.cache)
+
+
 def test_bfloat16_forward_close_to_float32(tmp_path):
     # transformers' own init scale would make attention almost uniform; 0.05 keeps it sharp
     # enough that bf16 rounding shows, without the chaos of the 0.2 used for parity.

@@ -384,6 +384,11 @@ class Llama(nnx.Module):
             chex.assert_shape(cache.k, (cfg.num_hidden_layers, b, s, cfg.num_key_value_heads,
                                         cfg.head_dim))
             idx = cache.index
+            if not isinstance(idx, jax.core.Tracer) and int(idx) + t > s:
+                # Under jit this cannot be checked; dynamic_update_slice would clamp the write
+                # position and silently overwrite earlier slots.
+                raise ValueError(f"KV cache overflow: {int(idx)} slots used + {t} new tokens > "
+                                 f"max_len {s}")
             slot_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, idx))
             q_slot = idx + jnp.arange(t)
             allowed = (jnp.arange(s)[None, :] <= q_slot[:, None])[None] & slot_mask[:, None, :]
@@ -400,7 +405,8 @@ class Llama(nnx.Module):
             kv_fns = [make_kv_fn(i) for i in range(cfg.num_hidden_layers)]
         bias = jnp.where(allowed, 0.0, _MASK_VALUE).astype(jnp.float32)
 
-        x = self.embed_tokens[...].astype(dt)[input_ids]
+        # Gather, then cast: casting the whole [V, H] table every call costs V*H per step.
+        x = self.embed_tokens[...][input_ids].astype(dt)
         for layer, kv_fn in zip(self.layers, kv_fns):
             x = layer(x, positions, inv_freq, bias, kv_fn)
         hidden = self.norm(x)
