@@ -76,13 +76,9 @@ def sampling_logits(logits: Array, config: SamplingConfig,
         kth = jax.lax.top_k(x, config.top_k)[0][..., -1:]
         x = jnp.where(x >= kth, x, NEG_INF)
     if config.top_p < 1.0:
-        sorted_x = jnp.sort(x, axis=-1)[..., ::-1]
-        probs = jax.nn.softmax(sorted_x, axis=-1)
-        mass_before = jnp.cumsum(probs, axis=-1) - probs
-        # Smallest kept logit: the last sorted entry whose preceding mass is still < top_p.
-        keep = mass_before < config.top_p
-        threshold = jnp.min(jnp.where(keep, sorted_x, jnp.inf), axis=-1, keepdims=True)
-        x = jnp.where(x >= threshold, x, NEG_INF)
+        # Keep the smallest descending prefix whose mass reaches top_p: an entry is kept while
+        # the mass before it is still < top_p (the first token is always kept).
+        x = jnp.where(x >= _nucleus(jnp.sort(x, axis=-1)[..., ::-1], config.top_p), x, NEG_INF)
     return x
 
 
@@ -101,13 +97,41 @@ def token_logprobs(logits: Array, tokens: Array, config: SamplingConfig,
     return jnp.take_along_axis(lp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 
+def _nucleus(sorted_x: Array, top_p: float) -> Array:
+    """Smallest kept logit [..., 1] of the top-p nucleus of descending-sorted logits [..., K]."""
+    probs = jax.nn.softmax(sorted_x, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep = mass_before < top_p
+    return jnp.min(jnp.where(keep, sorted_x, jnp.inf), axis=-1, keepdims=True)
+
+
 def sample(key: Array, logits: Array, config: SamplingConfig,
            allowed: Optional[Array] = None) -> Tuple[Array, Array]:
-    """Draw one token per row. logits [B, V] -> (tokens [B] int32, logprobs [B] float32)."""
-    x = sampling_logits(logits, config, allowed)
+    """Draw one token per row. logits [B, V] -> (tokens [B] int32, logprobs [B] float32).
+
+    The log-prob is that of `token_logprobs` (same distribution). With top_k on, the draw and
+    the normaliser only touch the k candidates from `lax.top_k` (then top-p on those), which is
+    the same distribution without sorting or drawing noise over the whole vocabulary; ties at
+    the k-th logit (kept by `sampling_logits`, measure zero for real logits) are the exception.
+    """
+    x = logits.astype(jnp.float32)
+    if allowed is not None:
+        x = jnp.where(allowed, x, NEG_INF)
     if config.greedy:
-        tokens = jnp.argmax(x, axis=-1).astype(jnp.int32)
-    else:
-        tokens = jax.random.categorical(key, x, axis=-1).astype(jnp.int32)
-    lp = jax.nn.log_softmax(x, axis=-1)
+        z = sampling_logits(logits, config, allowed)
+        tokens = jnp.argmax(z, axis=-1).astype(jnp.int32)
+        lp = jax.nn.log_softmax(z, axis=-1)
+        return tokens, jnp.take_along_axis(lp, tokens[:, None], axis=-1)[:, 0]
+    x = x / config.temperature
+    if 0 < config.top_k < x.shape[-1]:
+        vals, idx = jax.lax.top_k(x, config.top_k)   # descending
+        if config.top_p < 1.0:
+            vals = jnp.where(vals >= _nucleus(vals, config.top_p), vals, NEG_INF)
+        choice = jax.random.categorical(key, vals, axis=-1)
+        tokens = jnp.take_along_axis(idx, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
+        lp = jax.nn.log_softmax(vals, axis=-1)
+        return tokens, jnp.take_along_axis(lp, choice[:, None], axis=-1)[:, 0]
+    z = sampling_logits(logits, config, allowed)
+    tokens = jax.random.categorical(key, z, axis=-1).astype(jnp.int32)
+    lp = jax.nn.log_softmax(z, axis=-1)
     return tokens, jnp.take_along_axis(lp, tokens[:, None], axis=-1)[:, 0]
