@@ -152,8 +152,17 @@ def recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soci
             score = params.w_sim * sim + pprior
             ids = jnp.broadcast_to(pid, score.shape)
             if params.in_network > 0:
-                cols = jax.random.randint(k_in, (b, params.in_network), 0, params.max_following)
-                followee = jnp.take_along_axis(graph.following[u], cols, axis=1)  # [B, I]
+                # I consecutive (cyclically, from a random offset) non-empty followee entries:
+                # distinct when the user follows >= I accounts, all of them otherwise.
+                row = graph.following[u]  # [B, F]
+                cnt = jnp.cumsum(row >= 0, axis=1)  # [B, F]
+                total = cnt[:, -1:]
+                offset = jax.random.randint(k_in, (b, 1), 0, params.max_following)
+                r = (offset + jnp.arange(params.in_network)[None]) % jnp.maximum(total, 1)
+                col = jnp.sum(cnt[:, None, :] <= r[:, :, None], axis=2)  # (r+1)-th entry
+                followee = jnp.take_along_axis(row, jnp.minimum(col, params.max_following - 1),
+                                               axis=1)
+                followee = jnp.where(total > 0, followee, EMPTY)  # [B, I]
                 last = state.users.last_post[jnp.maximum(followee, 0)]
                 iid = jnp.where(followee >= 0, last, EMPTY)
                 islot = posts.slot(iid)

@@ -7,6 +7,8 @@ updated state -> freeze horizon likes -> advance the clock.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -54,11 +56,13 @@ def _follow_targets(key, n, shape, power):
     return jax.random.permutation(k_perm, n).astype(jnp.int32)[rank]
 
 
+@functools.partial(jax.jit, static_argnums=1)
 def reset(key: jax.Array, params: SocialParams) -> SocialState:
     """Initial population: personas (cluster ids) with interest embeddings around persona centres,
     log-normal activity rates, a scale-free-ish follow graph (out-degree log-normal around
     `init_following`, in-degree ~ Zipf(follow_power)), and `num_seed_posts` seed posts by random
-    users created over the last `seed_max_age` ticks.  Cost O(N F + S d)."""
+    users created over the last `seed_max_age` ticks.  Cost O(N F + S d).  Jitted (params
+    static); `params.validate()` runs at trace time."""
     p = params.validate()
     n, d, f = p.num_users, p.embed_dim, p.max_following
     state = empty_state(p)
