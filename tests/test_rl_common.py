@@ -11,7 +11,7 @@ import numpy as np
 
 from jaxsocial.generation import sampling as sampling_lib
 from jaxsocial.models import llama
-from jaxsocial.rl import buffer, policy as policy_lib
+from jaxsocial.rl import buffer, grpo, policy as policy_lib, ppo
 
 
 def tiny_config(**kw):
@@ -19,6 +19,41 @@ def tiny_config(**kw):
                 num_attention_heads=2, num_key_value_heads=1)
     base.update(kw)
     return llama.preset("tiny", **base)
+
+
+VOCAB = 32
+PROMPT = 4
+RESP = 16
+BATCH = 16
+TARGET = 5  # the rewarded token of the synthetic task
+
+# Shared configs: the compiled updates are cached per (config, policy), so test files reuse
+# them within one pytest run.
+PPO_LEARN = ppo.PPOConfig(learning_rate=1e-3, temperature=1.0, kl_coef=0.01)
+PPO_SMALL = ppo.PPOConfig(learning_rate=1e-3, temperature=1.0, ppo_epochs=2, num_minibatches=2,
+                          adaptive_kl=True, reward_norm="running")
+GRPO_LEARN = grpo.GRPOConfig(group_size=4, learning_rate=3e-3, ppo_epochs=4)
+@functools.lru_cache(maxsize=None)
+def tiny_policy(value_mode="head", seed=0):
+    """(pdef, params, ref_params) of a 1-layer, 32-token Llama; cached per (mode, seed)."""
+    from flax import nnx
+    model = llama.Llama(tiny_config(), rngs=nnx.Rngs(seed))
+    return policy_lib.init_policy(model, value_mode=value_mode)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_update(cfg, value_mode="head", seed=0):
+    """The jitted PPO/GRPO update for `cfg` on tiny_policy(value_mode, seed); cached."""
+    pdef = tiny_policy(value_mode, seed)[0]
+    mod = grpo if isinstance(cfg, grpo.GRPOConfig) else ppo
+    return mod.make_update(cfg, pdef)
+
+
+@functools.lru_cache(maxsize=None)
+def standard_prompts(batch=BATCH, group=1, seed=1):
+    """Left-padded prompts [batch, PROMPT]; with group > 1 each prompt repeats `group` times."""
+    prompt, mask = make_prompts(jax.random.PRNGKey(seed), batch // group, PROMPT, VOCAB)
+    return jnp.repeat(prompt, group, axis=0), jnp.repeat(mask, group, axis=0)
 
 
 def make_prompts(key, batch, prompt_len, vocab, min_len=2):
@@ -66,12 +101,12 @@ def rollout(pdef, params, ref_params, cfg, key, prompt, prompt_mask, n, score_fn
         response_mask = jnp.ones(toks.shape, bool)
     traj = buffer.make_trajectory(prompt, prompt_mask, toks, response_mask,
                                   scores=score_fn(toks), allowed=allowed)
-    lp, ref, values = _score(pdef, cfg, params, ref_params, traj)
+    lp, ref, values = score(pdef, cfg, params, ref_params, traj)
     return traj.replace(old_logprobs=lp, ref_logprobs=ref, values=values), gen_lp
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _score(pdef, cfg, params, ref_params, traj):
+def score(pdef, cfg, params, ref_params, traj):
     return policy_lib.score_batch(pdef, params, ref_params, traj, cfg)
 
 
