@@ -1,0 +1,212 @@
+"""society.reset / step: jit, vmap, determinism, conservation laws, horizon likes, metrics."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxsocial.social import metrics, society
+from jaxsocial.social.actions import ActionType as T, Reason, empty_actions, make_actions
+from jaxsocial.social.state import PostKind, ReactionKind
+
+A = 4  # LLM agents
+PARAMS = society.make_params(
+    num_users=200, num_agents=A, post_capacity=192, num_seed_posts=128, embed_dim=8,
+    content_len=4, max_following=12, init_following=4, reaction_memory=48, seen_memory=20,
+    feed_size=6, pool_size=32, in_network=4, max_active=64, crowd_budget=160,
+    reward_horizon=3, activation_rate=0.2, like_bias=-1.0, p_post=0.2)
+TICKS = 8
+
+
+def _agent_batch(tick, prev):
+    """Agents 0..3 post, like agent 0's previous post, follow someone, and send one malformed
+    action."""
+    return make_actions(
+        PARAMS, [T.CREATE_POST, T.LIKE_POST, T.FOLLOW, T.MALFORMED],
+        [0, 1, 2, 3], [-1, prev, 10 + tick, -1],
+        content=np.full((4, 4), tick + 1), embedding=np.ones((4, 8)))
+
+
+@pytest.fixture(scope="module")
+def step():
+    return jax.jit(functools.partial(society.step, params=PARAMS))
+
+
+@pytest.fixture(scope="module")
+def run(step):
+    """TICKS ticks with agent actions; returns states and infos per tick."""
+    state = society.reset(jax.random.key(0), PARAMS)
+    states, infos, prev = [state], [], 0
+    for t in range(TICKS):
+        state, info = step(jax.random.key(100 + t), state, _agent_batch(t, prev))
+        prev = int(info.agent.created_id[0])
+        states.append(state)
+        infos.append(info)
+    return states, infos
+
+
+def test_reset_population(run):
+    s = jax.device_get(run[0][0])
+    g = s.graph.following
+    assert (g < PARAMS.num_users).all()
+    for u in range(PARAMS.num_users):
+        row = g[u][g[u] >= 0]
+        assert len(set(row)) == len(row) and u not in row
+    np.testing.assert_array_equal(s.users.num_followers, np.bincount(g[g >= 0], minlength=200))
+    # heavy-tailed in-degree and activity
+    assert s.users.num_followers.max() > 5 * s.users.num_followers.mean()
+    act = np.sort(s.users.activity)[::-1]
+    assert act[:20].sum() > 0.3 * act.sum()
+    assert abs(act.mean() - PARAMS.activation_rate) < 0.5 * PARAMS.activation_rate
+    np.testing.assert_allclose(np.linalg.norm(s.users.interest, axis=1), 1.0, rtol=1e-5)
+    assert int(s.posts.next_id) == 128 and (s.posts.created_at[:128] < 0).all()
+
+
+def test_same_key_same_trajectory_and_vmap(step, run):
+    states, _ = run
+    again = society.reset(jax.random.key(0), PARAMS)
+    prev = 0
+    for t in range(2):
+        again, info = step(jax.random.key(100 + t), again, _agent_batch(t, prev))
+        prev = int(info.agent.created_id[0])
+    jax.tree.map(np.testing.assert_array_equal, again, states[2])
+    other, _ = step(jax.random.key(7), states[1], _agent_batch(1, 128))
+    assert not np.array_equal(np.asarray(other.posts.likes), np.asarray(states[2].posts.likes))
+
+    # vmap over 3 independent societies (different seeds) == running each alone
+    keys = jax.random.split(jax.random.key(5), 3)
+    batched = jax.vmap(lambda k: society.reset(k, PARAMS))(keys)
+    acts = jax.tree.map(lambda x: jnp.stack([x] * 3), empty_actions(4, PARAMS))
+    vstep = jax.jit(jax.vmap(functools.partial(society.step, params=PARAMS)))
+    skeys = jax.random.split(jax.random.key(6), 3)
+    out, info = vstep(skeys, batched, acts)
+    for i in range(3):
+        alone, alone_info = step(skeys[i], society.reset(keys[i], PARAMS),
+                                 empty_actions(4, PARAMS))
+        mine = jax.tree.map(lambda x: x[i], out)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                     mine, alone)
+        np.testing.assert_array_equal(info.like_delta[i], alone_info.like_delta)
+    assert not np.array_equal(np.asarray(out.posts.likes[0]), np.asarray(out.posts.likes[1]))
+
+
+def test_crowd_is_active(run):
+    _, infos = run
+    crowd = [jax.device_get(i.crowd) for i in infos]
+    assert all(c.num_active > 10 for c in crowd)
+    likes = sum(int(c.apply.type_counts[T.LIKE_POST]) for c in crowd)
+    posts = sum(int(c.apply.type_counts[T.CREATE_POST]) for c in crowd)
+    assert likes > 50 and posts > 10
+    assert sum(int(c.event_overflow) + int(c.active_overflow) for c in crowd) == 0
+
+
+def test_conservation_laws(run):
+    states, infos = run
+    for s in states[1:]:
+        s = jax.device_get(s)
+        g = s.graph.following
+        np.testing.assert_array_equal(s.users.num_followers,
+                                      np.bincount(g[g >= 0], minlength=200))
+        np.testing.assert_array_equal(s.users.num_following, (g >= 0).sum(1))
+        alive = {int(i): k for k, i in enumerate(s.posts.id) if i >= 0}
+        rec = [(u, int(p), int(k)) for u in range(200)
+               for p, k in zip(s.memory.react_post[u], s.memory.react_kind[u]) if int(p) in alive]
+        assert len(rec) == len(set(rec))  # nobody likes (dislikes, reposts) a post twice
+        likes = np.zeros(192, np.int64)
+        dislikes = np.zeros(192, np.int64)
+        for u, p, k in rec:
+            if k == ReactionKind.LIKE:
+                likes[alive[p]] += 1
+            elif k == ReactionKind.DISLIKE:
+                dislikes[alive[p]] += 1
+        # each alive post's counter == number of like records pointing at it
+        np.testing.assert_array_equal(s.posts.likes, likes)
+        np.testing.assert_array_equal(s.posts.dislikes, dislikes)
+    # like_delta accounts for every change of every post that stayed in its slot
+    first, last = jax.device_get(states[1]), jax.device_get(states[-1])
+    same = (first.posts.id == last.posts.id) & (first.posts.id >= 0)
+    total = sum(np.asarray(i.like_delta) for i in infos[1:])
+    np.testing.assert_array_equal((last.posts.likes - first.posts.likes)[same], total[same])
+
+
+def test_agent_actions_in_step_and_horizon_reward(run):
+    states, infos = run
+    h = PARAMS.reward_horizon
+    created = []
+    for t, info in enumerate(infos):
+        a = jax.device_get(info.agent)
+        np.testing.assert_array_equal(a.reason, [Reason.OK, Reason.OK, a.reason[2],
+                                                 Reason.MALFORMED])
+        assert a.reason[2] in (Reason.OK, Reason.DUPLICATE)
+        assert int(a.invalid_counts[Reason.MALFORMED]) == 1
+        pid = int(a.created_id[0])
+        assert pid == int(states[t].posts.next_id)  # agents act before the crowd
+        assert a.created_slot[0] == pid % 192 and a.created_generation[0] == pid // 192
+        created.append((t, pid))
+    final = states[-1]
+    for t, pid in created:
+        s = pid % 192
+        assert int(final.posts.author[s]) == 0 and (np.asarray(final.posts.tokens[s]) == t + 1).all()
+        # reward from the per-tick deltas == likes_h frozen in the state
+        from_deltas = sum(int(infos[u].like_delta[s]) for u in range(t, min(t + h, TICKS)))
+        got, is_final, alive = society.horizon_likes(final, jnp.int32(pid), PARAMS)
+        assert bool(alive)
+        assert int(got) == from_deltas
+        assert bool(is_final) == (t + h <= TICKS)
+    assert any(int(infos[t].like_delta[pid % 192]) > 0 for t, pid in created)
+
+
+def test_step_without_crowd_and_empty_batch():
+    params = PARAMS.replace(crowd=False)
+    state = society.reset(jax.random.key(1), params)
+    state2, info = jax.jit(functools.partial(society.step, params=params))(
+        jax.random.key(0), state, empty_actions(0, params))
+    assert int(state2.tick) == 1
+    jax.tree.map(np.testing.assert_array_equal, state2.replace(tick=state.tick), state)
+    assert int(info.crowd.num_active) == 0 and int(info.like_delta.sum()) == 0
+
+
+def _np_gini(x):
+    x = np.sort(np.asarray(x, np.float64))
+    n = len(x)
+    if n == 0 or x.sum() == 0:
+        return 0.0
+    # mean absolute difference / (2 mean)
+    return np.abs(x[:, None] - x[None, :]).sum() / (2 * n * n * x.mean())
+
+
+def test_gini_matches_numpy():
+    rng = np.random.default_rng(0)
+    for x in (rng.pareto(1.5, 300), rng.integers(0, 5, 50), np.zeros(10), np.ones(7)):
+        assert float(metrics.gini(jnp.asarray(x))) == pytest.approx(_np_gini(x), abs=1e-5)
+    x = rng.pareto(1.5, 100)
+    m = rng.random(100) < 0.4
+    assert float(metrics.gini(jnp.asarray(x), jnp.asarray(m))) == pytest.approx(
+        _np_gini(x[m]), abs=1e-5)
+
+
+def test_metrics_match_numpy(run):
+    states, infos = run
+    s, info = states[-1], infos[-1]
+    m = metrics.to_json(jax.jit(functools.partial(metrics.compute, params=PARAMS))(s, info))
+    p = jax.device_get(s.posts)
+    orig = (p.id >= 0) & np.isin(p.kind, [PostKind.POST, PostKind.QUOTE])
+    assert m["alive_posts"] == orig.sum()
+    assert m["avg_likes_per_post"] == pytest.approx(p.likes[orig].mean(), rel=1e-5)
+    assert m["zero_like_share"] == pytest.approx((p.likes[orig] == 0).mean(), rel=1e-5)
+    eng = (p.likes + p.reposts + p.quotes + p.comments)[orig] > 0
+    assert m["positive_engagement_share"] == pytest.approx(eng.mean(), rel=1e-5)
+    mature = orig & (int(s.tick) - p.created_at >= PARAMS.reward_horizon)
+    assert m["mature_avg_likes"] == pytest.approx(p.likes_h[mature].mean(), rel=1e-5)
+    assert m["likes_gini"] == pytest.approx(_np_gini(p.likes[orig]), abs=1e-5)
+    fol = np.asarray(s.users.num_followers)
+    assert m["followers_gini"] == pytest.approx(_np_gini(fol), abs=1e-5)
+    assert m["followers_max"] == fol.max()
+    counts = np.asarray(info.agent.type_counts) + np.asarray(info.crowd.apply.type_counts)
+    assert m["action_counts"]["like_post"] == counts[T.LIKE_POST]
+    assert sum(m["action_mix"].values()) == pytest.approx(1.0)
+    assert m["posts_created"] == counts[[T.CREATE_POST, T.REPOST, T.QUOTE_POST,
+                                         T.CREATE_COMMENT]].sum()
+    assert m["agent_invalid"] == {"malformed": 1} and m["agent_invalid_total"] == 1
+    assert m["agent_actions"] == 4
