@@ -1,0 +1,256 @@
+"""Batched generation: one jitted prefill, then a jitted `lax.while_loop` decode.
+
+Shapes: B batch, P prompt bucket, N = max_new_tokens, S = P + N cache slots, V vocab, H hidden.
+
+    generate(model, input_ids [B, T], attention_mask [B, T], key, config, grammar=None)
+      1. left-pad the prompt to P = bucket(T) (so calls with nearby lengths share programs);
+      2. prefill (jit): allocate the KV cache [L, B, S, K, D] once, in the compute dtype, run the
+         prompt through it, return (cache, logits of the last prompt slot [B, V]);
+      3. decode (jit, cache donated): while t < N and some row is live: mask logits with the
+         grammar state, draw token t from `sampling.sample(fold_in(key, t), ...)`, advance the
+         FSM, stop rows that emitted a stop id (or reached a grammar state allowing nothing),
+         write the token into the cache and compute the next logits.
+
+After a row stops its tokens are `pad_token_id`, its mask is False and its log-probs 0. The
+log-probs are those of the sampling distribution (`sampling.token_logprobs`), so
+`recompute_logprobs` (one full forward over prompt + response with the same grammar masks)
+reproduces them: the PPO ratio of a fresh batch is 1.
+
+Compiled programs are cached per (graphdef, prompt bucket, batch, config, return_hidden,
+grammar or not); `TRACE_COUNTS` counts traces so tests can prove a call did not recompile.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Optional
+
+import chex
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxsocial.generation import grammar as grammar_lib
+from jaxsocial.generation import sampling
+from jaxsocial.generation.sampling import SamplingConfig
+from jaxsocial.models import llama
+
+Array = jax.Array
+
+# How many times each program was traced (incremented at trace time only).
+TRACE_COUNTS: collections.Counter = collections.Counter()
+_PROGRAMS: dict = {}
+
+
+@flax.struct.dataclass
+class GenerationOutput:
+    """tokens [B, N] int32 (pad after a stop); logprobs [B, N] float32 under the sampling
+    distribution (0 where masked); mask [B, N] bool (stop token included); lengths [B] int32 =
+    mask.sum(1); hidden [B, H] float32 final-normed hidden state of each response's last valid
+    token (None unless return_hidden)."""
+
+    tokens: Array
+    logprobs: Array
+    mask: Array
+    lengths: Array
+    hidden: Optional[Array] = None
+
+
+def bucket_length(length: int, bucket: int) -> int:
+    """Prompt bucket: round up to a multiple of `bucket`, or to a power of two if bucket == 0."""
+    length = max(int(length), 1)
+    if bucket > 0:
+        return -(-length // bucket) * bucket
+    return 1 << (length - 1).bit_length()
+
+
+def clear_cache() -> None:
+    """Drop every compiled generate program (e.g. after changing the model architecture)."""
+    _PROGRAMS.clear()
+
+
+def _pad_id(cfg: llama.LlamaConfig) -> int:
+    return 0 if cfg.pad_token_id is None else int(cfg.pad_token_id)
+
+
+def _programs(graphdef, bucket: int, batch: int, config: SamplingConfig, return_hidden: bool,
+              has_grammar: bool):
+    key = (graphdef, bucket, batch, config, return_hidden, has_grammar)
+    if key not in _PROGRAMS:
+        _PROGRAMS[key] = _build(graphdef, bucket, config, return_hidden, has_grammar)
+    return _PROGRAMS[key]
+
+
+def _build(graphdef, bucket: int, config: SamplingConfig, return_hidden: bool,
+           has_grammar: bool):
+    n = config.max_new_tokens
+    stops = jnp.asarray(config.stop_token_ids or (-1,), jnp.int32)
+
+    def prefill(state, input_ids, attention_mask):
+        TRACE_COUNTS["prefill"] += 1
+        model = nnx.merge(graphdef, state)
+        cfg = model.config
+        b = input_ids.shape[0]
+        cache = llama.init_cache(cfg, b, bucket + n)
+        out = model.forward(input_ids, attention_mask, cache=cache)
+        # Only the last slot's logits are needed; out.logits ([B, P, V]) is dead code.
+        return out.cache, model.unembed(out.hidden[:, -1])
+
+    def decode(state, cache, logits, key, grammar):
+        TRACE_COUNTS["decode"] += 1
+        model = nnx.merge(graphdef, state)
+        cfg = model.config
+        b, v = logits.shape
+        pad = _pad_id(cfg)
+
+        def no_moves(fsm):
+            return ~grammar.allowed[fsm].any(axis=-1)
+
+        fsm0 = jnp.full((b,), grammar.start if has_grammar else 0, jnp.int32)
+        carry = dict(
+            t=jnp.zeros((), jnp.int32), cache=cache, logits=logits, fsm=fsm0,
+            done=no_moves(fsm0) if has_grammar else jnp.zeros((b,), bool),
+            tokens=jnp.full((b, n), pad, jnp.int32), logprobs=jnp.zeros((b, n), jnp.float32),
+            mask=jnp.zeros((b, n), bool),
+            hidden=jnp.zeros((b, cfg.hidden_size), jnp.float32))
+
+        def cond(c):
+            return (c["t"] < n) & ~jnp.all(c["done"])
+
+        def body(c):
+            t = c["t"]
+            allowed = grammar.allowed[c["fsm"]] if has_grammar else None
+            tok, lp = sampling.sample(jax.random.fold_in(key, t), c["logits"], config, allowed)
+            live = ~c["done"]
+            tok = jnp.where(live, tok, pad)
+            lp = jnp.where(live, lp, 0.0)
+            done = c["done"] | (live & jnp.isin(tok, stops))
+            fsm = c["fsm"]
+            if has_grammar:
+                fsm = grammar_lib.advance(grammar, fsm, tok, live)
+                done = done | no_moves(fsm)
+            out = model.forward(tok[:, None], live[:, None], cache=c["cache"])
+            hidden = c["hidden"]
+            if return_hidden:
+                hidden = jnp.where(live[:, None], out.hidden[:, 0].astype(jnp.float32), hidden)
+            return dict(
+                t=t + 1, cache=out.cache, logits=out.logits[:, 0], fsm=fsm, done=done,
+                tokens=jax.lax.dynamic_update_slice(c["tokens"], tok[:, None], (0, t)),
+                logprobs=jax.lax.dynamic_update_slice(c["logprobs"], lp[:, None], (0, t)),
+                mask=jax.lax.dynamic_update_slice(c["mask"], live[:, None], (0, t)),
+                hidden=hidden)
+
+        c = jax.lax.while_loop(cond, body, carry)
+        # The cache is returned (and dropped by the caller) so the donated input buffer aliases
+        # it: the loop updates the prefill's allocation in place instead of copying it.
+        out = GenerationOutput(tokens=c["tokens"], logprobs=c["logprobs"], mask=c["mask"],
+                               lengths=c["mask"].sum(axis=1, dtype=jnp.int32),
+                               hidden=c["hidden"] if return_hidden else None)
+        return c["cache"], out
+
+    return jax.jit(prefill), jax.jit(decode, donate_argnums=(1,))
+
+
+def _validate(cfg: llama.LlamaConfig, input_ids, attention_mask, config, grammar) -> None:
+    if not isinstance(config, SamplingConfig):
+        raise ValueError(f"config must be a SamplingConfig, got {type(config).__name__}")
+    if getattr(input_ids, "ndim", None) != 2:
+        raise ValueError(f"input_ids must be [batch, seq], got shape {np.shape(input_ids)}")
+    if np.shape(attention_mask) != np.shape(input_ids):
+        raise ValueError(f"attention_mask shape {np.shape(attention_mask)} != input_ids shape "
+                         f"{np.shape(input_ids)}")
+    if not jnp.issubdtype(input_ids.dtype, jnp.integer):
+        raise ValueError(f"input_ids must be integer token ids, got {input_ids.dtype}")
+    for s in config.stop_token_ids:
+        if not 0 <= s < cfg.vocab_size:
+            raise ValueError(f"stop token id {s} is outside the vocabulary [0, {cfg.vocab_size})")
+    if grammar is not None and grammar.vocab_size != cfg.vocab_size:
+        raise ValueError(f"grammar vocab size {grammar.vocab_size} != model vocab size "
+                         f"{cfg.vocab_size}")
+    if isinstance(attention_mask, jax.core.Tracer) or isinstance(input_ids, jax.core.Tracer):
+        return
+    mask = np.asarray(attention_mask).astype(bool)
+    empty = np.flatnonzero(~mask.any(axis=1))
+    if empty.size:
+        raise ValueError(f"prompt row {int(empty[0])} has no tokens (attention_mask all 0)")
+    right = np.flatnonzero((np.diff(mask.astype(np.int8), axis=1) < 0).any(axis=1))
+    if right.size:
+        raise ValueError(f"prompt row {int(right[0])} is not left-padded (a 0 follows a 1 in "
+                         f"attention_mask)")
+    ids = np.asarray(input_ids)
+    bad = (ids < 0) | (ids >= cfg.vocab_size)
+    if (bad & mask).any():
+        raise ValueError(f"token id {int(ids[bad & mask][0])} is outside the vocabulary "
+                         f"[0, {cfg.vocab_size})")
+
+
+def generate_from_state(graphdef, state, input_ids: Array, attention_mask: Array, key: Array,
+                        config: SamplingConfig, grammar: Optional[grammar_lib.Grammar] = None,
+                        return_hidden: bool = False) -> GenerationOutput:
+    """`generate` for a model already split with `nnx.split` (the training loop holds params)."""
+    cfg = graphdef_config(graphdef, state)
+    _validate(cfg, input_ids, attention_mask, config, grammar)
+    b, t = input_ids.shape
+    bucket = bucket_length(t, config.prompt_bucket)
+    ids = jnp.asarray(input_ids, jnp.int32)
+    mask = jnp.asarray(attention_mask).astype(bool)
+    if bucket > t:
+        ids = jnp.pad(ids, ((0, 0), (bucket - t, 0)), constant_values=_pad_id(cfg))
+        mask = jnp.pad(mask, ((0, 0), (bucket - t, 0)))
+    prefill, decode = _programs(graphdef, bucket, b, config, return_hidden, grammar is not None)
+    cache, logits = prefill(state, ids, mask)
+    _, out = decode(state, cache, logits, key, grammar)
+    return out
+
+
+def graphdef_config(graphdef, state) -> llama.LlamaConfig:
+    """The LlamaConfig of a split model (merged once per graphdef, then cached)."""
+    if graphdef not in _CONFIGS:
+        _CONFIGS[graphdef] = nnx.merge(graphdef, state).config
+    return _CONFIGS[graphdef]
+
+
+_CONFIGS: dict = {}
+
+
+def generate(model: llama.Llama, input_ids: Array, attention_mask: Array, key: Array,
+             config: SamplingConfig, grammar: Optional[grammar_lib.Grammar] = None,
+             return_hidden: bool = False) -> GenerationOutput:
+    """Sample up to `config.max_new_tokens` tokens for each left-padded prompt.
+
+    input_ids [B, T] int, attention_mask [B, T] (1 = token, 0 = left padding), key: a
+    jax.random key (same key -> same tokens), grammar: optional token FSM
+    (`jaxsocial.generation.grammar`). Returns GenerationOutput (tokens/logprobs/mask [B, N],
+    lengths [B], hidden [B, H] if return_hidden). See the module docstring for the algorithm.
+    """
+    if not isinstance(model, llama.Llama):
+        raise ValueError(f"model must be a jaxsocial Llama, got {type(model).__name__}")
+    graphdef, state = nnx.split(model)
+    _CONFIGS[graphdef] = model.config
+    return generate_from_state(graphdef, state, input_ids, attention_mask, key, config,
+                               grammar, return_hidden)
+
+
+def recompute_logprobs(model: llama.Llama, prompt_ids: Array, prompt_mask: Array,
+                       response_ids: Array, response_mask: Array, config: SamplingConfig,
+                       grammar: Optional[grammar_lib.Grammar] = None) -> Array:
+    """Re-score responses with one full forward: [B, N] float32 (0 where response_mask is 0).
+
+    logits of response token t = forward(concat(prompt, response))[:, P - 1 + t]; log-probs
+    under the sampling distribution with the grammar masks replayed by `grammar.step_masks`.
+    Differentiable in the model's parameters (this is the PPO log-prob).
+    """
+    chex.assert_rank([prompt_ids, response_ids], 2)
+    chex.assert_equal_shape([prompt_ids, prompt_mask])
+    chex.assert_equal_shape([response_ids, response_mask])
+    p, n = prompt_ids.shape[1], response_ids.shape[1]
+    ids = jnp.concatenate([prompt_ids, response_ids], axis=1).astype(jnp.int32)
+    mask = jnp.concatenate([prompt_mask.astype(bool), response_mask.astype(bool)], axis=1)
+    logits = model.forward(ids, mask).logits[:, p - 1:p - 1 + n]
+    allowed = None
+    if grammar is not None:
+        allowed = grammar_lib.step_masks(grammar, response_ids, response_mask)
+    lp = sampling.token_logprobs(logits, response_ids, config, allowed)
+    return jnp.where(response_mask.astype(bool), lp, 0.0)

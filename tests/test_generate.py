@@ -1,0 +1,246 @@
+"""generate(): parity with transformers' generate, exact log-probs, stops, grammar, no retrace."""
+
+import hf_utils
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+from test_grammar import ref_accepts
+from test_sampling import ref_probs
+
+from jaxsocial.generation import (GenerationOutput, SamplingConfig, compile_grammar, free_text,
+                                  generate, grammar as gr, recompute_logprobs)
+from jaxsocial.generation.generate import TRACE_COUNTS, _programs, bucket_length
+from jaxsocial.models import llama
+
+V = 97
+PAD, END = 0, 2
+
+# Jitted once per shape (eager op-by-op execution would compile every primitive separately).
+recompute = nnx.jit(recompute_logprobs, static_argnums=(5,))
+accepts = jax.jit(gr.accepts)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """(ours, torch) with the same weights: a tiny GQA Llama with llama3 RoPE scaling."""
+    d = tmp_path_factory.mktemp("tiny_hf")
+    torch_model = hf_utils.save_random_hf_model(
+        d, seed=3, num_key_value_heads=2, head_dim=16, hidden_size=48, num_attention_heads=6,
+        rope_scaling=hf_utils.LLAMA3_ROPE_SCALING)
+    return llama.from_pretrained(d), torch_model
+
+
+def left_padded(lengths, total, seed):
+    rs = np.random.RandomState(seed)
+    ids = rs.randint(3, V, (len(lengths), total)).astype(np.int32)
+    mask = np.arange(total)[None, :] >= total - np.asarray(lengths)[:, None]
+    return np.where(mask, ids, PAD).astype(np.int32), mask
+
+
+def hf_generate(torch_model, ids, mask, max_new, eos):
+    with torch.no_grad():
+        out = torch_model.generate(
+            input_ids=torch.as_tensor(ids, dtype=torch.long),
+            attention_mask=torch.as_tensor(mask.astype(np.int64)), do_sample=False,
+            max_new_tokens=max_new, eos_token_id=list(eos), pad_token_id=PAD)
+    return out[:, ids.shape[1]:].numpy()
+
+
+def check_stop_invariants(out: GenerationOutput, stops, n):
+    tokens, mask = np.asarray(out.tokens), np.asarray(out.mask)
+    lengths, lp = np.asarray(out.lengths), np.asarray(out.logprobs)
+    assert tokens.shape == mask.shape == lp.shape == (len(lengths), n)
+    assert tokens.dtype == np.int32 and lp.dtype == np.float32 and mask.dtype == bool
+    np.testing.assert_array_equal(mask, np.arange(n)[None] < lengths[:, None])
+    assert (tokens[~mask] == PAD).all() and (lp[~mask] == 0).all()
+    assert (lp[mask] <= 0).all() and np.isfinite(lp[mask]).all()
+    for row, length in zip(tokens, lengths):
+        is_stop = np.isin(row[:length], stops)
+        assert not is_stop[:-1].any(), f"row continued after a stop: {row}"
+        assert length == n or is_stop[-1], f"row ended early without a stop: {row}"
+
+
+def full_forward_reference(torch_model, ids, mask, out):
+    """transformers logits [B, N, V] predicting each response token (one full forward)."""
+    full_ids = np.concatenate([ids, np.asarray(out.tokens)], 1)
+    full_mask = np.concatenate([mask, np.asarray(out.mask)], 1)
+    logits = hf_utils.hf_logits(torch_model, full_ids, full_mask)
+    p = ids.shape[1]
+    return logits[:, p - 1:p - 1 + out.tokens.shape[1]]
+
+
+def test_greedy_matches_transformers_generate(models):
+    ours, torch_model = models
+    ids, mask = left_padded([5, 11, 8], 11, seed=0)
+    n = 12
+    # Pick a second stop id that row 0 emits mid-response, so stops are exercised per row.
+    free = hf_generate(torch_model, ids, mask, n, eos=(END,))
+    row = list(free[0])
+    stop = next(t for i, t in enumerate(row) if i >= 2 and t not in row[:i] and t != END)
+    ref = hf_generate(torch_model, ids, mask, n, eos=(END, stop))
+    config = SamplingConfig(max_new_tokens=n, temperature=0.0, stop_token_ids=(END, stop),
+                            prompt_bucket=16)
+    out = generate(ours, ids, mask, jax.random.key(0), config)
+    m = ref.shape[1]
+    np.testing.assert_array_equal(np.asarray(out.tokens)[:, :m], ref)
+    assert not np.asarray(out.mask)[:, m:].any()
+    assert int(out.lengths[0]) == row.index(stop) + 1 < n
+    check_stop_invariants(out, (END, stop), n)
+
+
+SAMPLED = SamplingConfig(max_new_tokens=10, temperature=0.7, prompt_bucket=16,
+                         stop_token_ids=tuple(range(2, 97, 9)))
+
+
+@pytest.fixture(scope="module")
+def sampled(models):
+    ours, _ = models
+    ids, mask = left_padded([3, 14, 9, 6, 12, 1], 14, seed=1)
+    out = generate(ours, ids, mask, jax.random.key(42), SAMPLED, return_hidden=True)
+    return ids, mask, out
+
+
+def test_logprobs_equal_log_softmax_over_temperature_of_full_forward(models, sampled):
+    ours, torch_model = models
+    ids, mask, out = sampled
+    logits = full_forward_reference(torch_model, ids, mask, out)
+    z = logits / SAMPLED.temperature
+    ref = z - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)) - z.max(
+        -1, keepdims=True)
+    tokens, m = np.asarray(out.tokens), np.asarray(out.mask)
+    ref_lp = np.take_along_axis(ref, tokens[..., None], -1)[..., 0]
+    np.testing.assert_allclose(np.asarray(out.logprobs)[m], ref_lp[m], atol=1e-4)
+    again = recompute(ours, jnp.asarray(ids), jnp.asarray(mask), out.tokens, out.mask,
+                               SAMPLED)
+    np.testing.assert_allclose(np.asarray(again), np.asarray(out.logprobs), atol=1e-4)
+
+
+def test_hidden_is_final_hidden_state_of_last_response_token(models, sampled):
+    ours, _ = models
+    ids, mask, out = sampled
+    full = nnx.jit(lambda m, i, k: m.forward(i, k))(ours, jnp.concatenate([jnp.asarray(ids), out.tokens], 1),
+                        jnp.concatenate([jnp.asarray(mask), out.mask], 1))
+    last = ids.shape[1] + np.asarray(out.lengths) - 1
+    ref = np.asarray(full.hidden)[np.arange(len(last)), last]
+    assert out.hidden.shape == (len(last), ours.config.hidden_size)
+    np.testing.assert_allclose(np.asarray(out.hidden), ref, atol=1e-4)
+
+
+def test_rows_stop_independently_and_nothing_unmasked_after_stop(sampled):
+    _, _, out = sampled
+    check_stop_invariants(out, SAMPLED.stop_token_ids, SAMPLED.max_new_tokens)
+    lengths = np.asarray(out.lengths)
+    assert lengths.min() < SAMPLED.max_new_tokens and len(set(lengths.tolist())) >= 3, lengths
+
+
+def test_same_key_same_tokens(models, sampled):
+    ours, _ = models
+    ids, mask, out = sampled
+    again = generate(ours, ids, mask, jax.random.key(42), SAMPLED, return_hidden=True)
+    other = generate(ours, ids, mask, jax.random.key(43), SAMPLED, return_hidden=True)
+    np.testing.assert_array_equal(np.asarray(again.tokens), np.asarray(out.tokens))
+    np.testing.assert_array_equal(np.asarray(again.logprobs), np.asarray(out.logprobs))
+    assert (np.asarray(other.tokens) != np.asarray(out.tokens)).any()
+
+
+# Actions over the tiny vocabulary: "like <1-2 digits>", "post: <1-6 free tokens>", "noop".
+DIGITS = tuple(range(20, 30))
+FORBIDDEN = tuple(range(60, 97))  # never allowed anywhere
+PATTERNS = [[[10], gr.Repeat(DIGITS, 1, 2)],
+            [[11, 12], free_text(6, exclude=(PAD, 1, END) + FORBIDDEN)],
+            [[13, 14, 15]]]
+GRAMMAR_CFG = SamplingConfig(max_new_tokens=12, temperature=1.3, top_k=12, top_p=0.95,
+                             stop_token_ids=(END,), prompt_bucket=16)
+
+
+def test_grammar_outputs_accepted_and_logprobs_exact(models):
+    ours, torch_model = models
+    grammar = compile_grammar(PATTERNS, V, end_token_ids=(END,))
+    ids, mask = left_padded([4, 9, 16, 2, 7, 11, 13, 5], 16, seed=2)
+    out = generate(ours, ids, mask, jax.random.key(7), GRAMMAR_CFG, grammar=grammar)
+    tokens, m, lp = np.asarray(out.tokens), np.asarray(out.mask), np.asarray(out.logprobs)
+    check_stop_invariants(out, (END,), GRAMMAR_CFG.max_new_tokens)
+    # Accepted by the FSM and by the independent backtracking matcher; forbidden ids never occur.
+    assert np.asarray(accepts(grammar, out.tokens, out.mask)).all()
+    for row, length in zip(tokens, np.asarray(out.lengths)):
+        assert ref_accepts(PATTERNS, list(row[:length]), V, (END,)), row
+    assert not np.isin(tokens[m], FORBIDDEN).any()
+    kinds = {int(row[0]) for row in tokens}
+    assert len(kinds) >= 2, f"every row chose the same action: {tokens}"
+    # Log-probs: NumPy reference distribution over the transformers logits, with the mask of
+    # the FSM state before each token (replayed here from the arrays, step by step).
+    logits = full_forward_reference(torch_model, ids, mask, out)
+    allowed_tab, next_tab = np.asarray(grammar.allowed), np.asarray(grammar.next_state)
+    for b in range(len(tokens)):
+        state = int(grammar.start)
+        for t in range(int(out.lengths[b])):
+            p = ref_probs(logits[b, t][None], GRAMMAR_CFG.temperature, GRAMMAR_CFG.top_k,
+                          GRAMMAR_CFG.top_p, allowed_tab[state][None])[0]
+            assert p[tokens[b, t]] > 0
+            np.testing.assert_allclose(lp[b, t], np.log(p[tokens[b, t]]), atol=1e-4)
+            state = next_tab[state, tokens[b, t]]
+    again = recompute(ours, jnp.asarray(ids), jnp.asarray(mask), out.tokens, out.mask,
+                               GRAMMAR_CFG, grammar=grammar)
+    np.testing.assert_allclose(np.asarray(again), np.asarray(out.logprobs), atol=1e-4)
+
+
+def test_no_recompilation_within_a_bucket(models, sampled):
+    ours, _ = models
+    ids0, _, _ = sampled  # the fixture compiled (bucket 16, batch 6, SAMPLED, hidden)
+    before = dict(TRACE_COUNTS)
+    ids, mask = left_padded([9, 13, 2, 5, 11, 7], 13, seed=4)  # another batch, same bucket
+    assert ids.shape[1] != ids0.shape[1] and bucket_length(13, 16) == 16
+    out = generate(ours, ids, mask, jax.random.key(1), SAMPLED, return_hidden=True)
+    jax.block_until_ready(out.tokens)
+    assert dict(TRACE_COUNTS) == before
+    ids, mask = left_padded([20, 3, 5, 7, 9, 11], 20, seed=5)  # next bucket (32): new programs
+    generate(ours, ids, mask, jax.random.key(2), SAMPLED, return_hidden=True)
+    assert TRACE_COUNTS["prefill"] == before["prefill"] + 1
+    assert TRACE_COUNTS["decode"] == before["decode"] + 1
+
+
+def test_kv_cache_allocated_once_at_bucket_plus_new_in_compute_dtype(models, tmp_path):
+    ours, _ = models
+    llama.save_pretrained(ours, tmp_path)
+    bf16 = llama.from_pretrained(tmp_path, dtype="bfloat16")
+    config = SamplingConfig(max_new_tokens=7, prompt_bucket=16)
+    graphdef, state = nnx.split(bf16)
+    prefill, _ = _programs(graphdef, 16, 3, config, False, False)
+    ids, mask = left_padded([5, 9, 16], 16, seed=6)
+    cache, logits = jax.eval_shape(prefill, state, ids, mask)
+    c = bf16.config
+    assert cache.k.shape == (c.num_hidden_layers, 3, 16 + 7, c.num_key_value_heads, c.head_dim)
+    assert cache.k.dtype == jnp.bfloat16 and cache.v.dtype == jnp.bfloat16
+    assert logits.shape == (3, V) and logits.dtype == jnp.float32
+
+
+def test_bucket_length():
+    assert [bucket_length(n, 64) for n in (1, 64, 65, 128)] == [64, 64, 128, 128]
+    assert [bucket_length(n, 0) for n in (1, 3, 4, 5, 100)] == [1, 4, 4, 8, 128]
+
+
+@pytest.mark.parametrize("case, match", [
+    ("right_padded", "not left-padded"), ("empty_row", "has no tokens"),
+    ("shape", "attention_mask shape"), ("stop", "stop token id 500"),
+    ("grammar_vocab", "grammar vocab size"), ("token", "outside the vocabulary")])
+def test_bad_inputs_raise(models, case, match):
+    ours, _ = models
+    ids, mask = left_padded([3, 4], 4, seed=0)
+    config, grammar = SamplingConfig(max_new_tokens=2), None
+    if case == "right_padded":
+        mask = mask[:, ::-1].copy()
+    elif case == "empty_row":
+        mask[0] = False
+    elif case == "shape":
+        mask = mask[:, 1:]
+    elif case == "stop":
+        config = SamplingConfig(max_new_tokens=2, stop_token_ids=(500,))
+    elif case == "grammar_vocab":
+        grammar = compile_grammar([[[1]]], V + 1)
+    elif case == "token":
+        ids[1, -1] = V
+    with pytest.raises(ValueError, match=match):
+        generate(ours, ids, mask, jax.random.key(0), config, grammar=grammar)
