@@ -8,7 +8,8 @@ Typical use in a test that compares against transformers:
     ref = hf_utils.hf_logits(hf_model, ids, mask)                               # [B, T, V]
 
 or, starting from one of our models: `llama.save_pretrained(model, d)` then
-`hf_utils.load_hf_model(d)`.
+`hf_utils.load_hf_model(d)`. `our_logits(model, ids, mask)` is our forward, jitted (one
+compile per model structure and shape: on CPU much cheaper than eager op-by-op dispatch).
 
 Everything here is float32 PyTorch on CPU, deterministic for a given seed, and small (the
 default config has ~25K parameters) so that tests stay fast.
@@ -16,12 +17,16 @@ default config has ~25K parameters) so that tests stay fast.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Optional
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
+from flax import nnx
 
 # A tiny multi-head config. rms_norm_eps is explicit: transformers' default is 1e-6, ours 1e-5.
 # initializer_range 0.2 (transformers: 0.02) makes attention sharp at this width, so a wrong
@@ -99,3 +104,17 @@ def hf_logits(model: transformers.LlamaForCausalLM, input_ids,
                   position_ids=torch.as_tensor(positions_from_mask(mask)))
     with torch.no_grad():
         return model(input_ids=ids, **kw).logits.float().numpy()
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _our_forward(graphdef, state, input_ids, attention_mask):
+    return nnx.merge(graphdef, state)(input_ids, attention_mask)
+
+
+def our_logits(model, input_ids, attention_mask=None) -> np.ndarray:
+    """Our `model(input_ids, attention_mask)` under jit -> numpy logits [B, T, V] float32."""
+    ids = jnp.asarray(np.asarray(input_ids), jnp.int32)
+    mask = jnp.ones(ids.shape, bool) if attention_mask is None else jnp.asarray(
+        np.asarray(attention_mask), bool)
+    graphdef, state = nnx.split(model)
+    return np.asarray(_our_forward(graphdef, state, ids, mask))
