@@ -42,62 +42,87 @@ def _req(kind, args, i=0):
     return Instance(request_type=kind, doc={}, arguments=args, idx=i)
 
 
-def _direct_loglik(lm, ctx, cont):
-    """Unpadded, unbatched reference: sum_j log_softmax(logits[len(ctx)-1+j])[cont_j] (float64)."""
+REF_LEN = 64
+
+
+@pytest.fixture(scope="module")
+def ref_logits(lm):
+    """Unbatched reference logits [T, V] float64 for one sequence, right-padded to REF_LEN (a
+    causal model's logits at real positions ignore later padding; one compiled shape)."""
+    fwd = jax.jit(lambda ids: lm.model.forward(ids).logits)
+
+    def run(ids):
+        assert len(ids) <= REF_LEN
+        padded = np.zeros((1, REF_LEN), np.int32)
+        padded[0, :len(ids)] = ids
+        return np.asarray(fwd(jnp.asarray(padded))[0, :len(ids)], np.float64)
+
+    return run
+
+
+def _log_softmax(x):
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def _direct_loglik(lm, ref_logits, ctx, cont):
+    """sum_j log_softmax(logits[len(ctx)-1+j])[cont_j] in float64, no padding or batching."""
     ctx_ids = lm.tok_encode(ctx)
     whole = lm.tok_encode(ctx + cont)
     cont_ids = whole[len(ctx_ids):]
-    logits = np.asarray(lm.model.forward(jnp.asarray([whole], jnp.int32)).logits[0], np.float64)
-    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1,
-                                                                             keepdims=True)) \
-        - logits.max(-1, keepdims=True)
+    logits = ref_logits(whole)
     pos = np.arange(len(ctx_ids) - 1, len(whole) - 1)
     greedy = bool((logits[pos].argmax(-1) == np.asarray(cont_ids)).all())
-    return float(logp[pos, cont_ids].sum()), greedy
+    return float(_log_softmax(logits)[pos, cont_ids].sum()), greedy
+
+
+@pytest.fixture(scope="module")
+def raw_greedy(lm):
+    """The model's greedy 12-token answer to PROMPT with no stop strings."""
+    (raw,) = lm.generate_until([_req("generate_until", (PROMPT, {"until": [],
+                                                                 "max_gen_toks": 12}))])
+    assert len(raw) >= 4
+    return raw
+
+
+PROMPT = "Q: What is 2 + 2?\nA:"
 
 
 def test_registered():
     assert get_model("jaxsocial") is lm_eval_model.JaxSocialLM
 
 
-def test_loglikelihood_matches_direct_computation(lm):
+def test_loglikelihood_matches_direct_computation(lm, ref_logits):
     pairs = [("The sky is", " blue"), ("Two plus two is", " four and a bit more text"),
              ("Q: Say hello.\nA:", " hello"), ("x", "y")]
     got = lm.loglikelihood([_req("loglikelihood", p, i) for i, p in enumerate(pairs)])
     for (ctx, cont), (ll, greedy) in zip(pairs, got):
-        ref_ll, ref_greedy = _direct_loglik(lm, ctx, cont)
+        ref_ll, ref_greedy = _direct_loglik(lm, ref_logits, ctx, cont)
         assert ll == pytest.approx(ref_ll, abs=2e-4)
         assert greedy == ref_greedy
 
 
-def test_loglikelihood_rolling_matches_direct_computation(lm):
+def test_loglikelihood_rolling_matches_direct_computation(lm, ref_logits):
     text = "The quick brown fox jumps over the lazy dog."
     (got,) = lm.loglikelihood_rolling([_req("loglikelihood_rolling", (text,))])
     ids = [lm.prefix_token_id] + lm.tok_encode(text, add_special_tokens=False)
-    logits = np.asarray(lm.model.forward(jnp.asarray([ids], jnp.int32)).logits[0], np.float64)
-    m = logits.max(-1, keepdims=True)
-    logp = logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
-    ref = logp[np.arange(len(ids) - 1), ids[1:]].sum()
+    ref = _log_softmax(ref_logits(ids))[np.arange(len(ids) - 1), ids[1:]].sum()
     assert got == pytest.approx(ref, abs=2e-4)
 
 
-def test_generate_until_uses_engine_and_applies_stops(lm, checkpoint):
-    prompt = "Q: What is 2 + 2?\nA:"
-    (raw,) = lm.generate_until([_req("generate_until", (prompt, {"until": [],
-                                                                 "max_gen_toks": 12}))])
+def test_generate_until_uses_engine_and_applies_stops(lm, raw_greedy):
     # The same greedy tokens straight from the engine.
-    ids = lm.tok_encode(prompt)
+    ids = lm.tok_encode(PROMPT)
     out = generate(lm.model, jnp.asarray([ids], jnp.int32), jnp.ones((1, len(ids)), bool),
                    jax.random.key(0), SamplingConfig(max_new_tokens=12, temperature=0.0,
                                                      stop_token_ids=lm.stop_token_ids))
     toks = [int(t) for t in np.asarray(out.tokens[0, :int(out.lengths[0])])
             if int(t) not in lm.stop_token_ids]
-    assert raw == lm.tokenizer.decode(toks, skip_special_tokens=True)
-    assert len(raw) >= 4
-    stop = raw[2:4]
-    (cut,) = lm.generate_until([_req("generate_until", (prompt, {"until": [stop, "\x00never"],
+    assert raw_greedy == lm.tokenizer.decode(toks, skip_special_tokens=True)
+    stop = raw_greedy[2:4]
+    (cut,) = lm.generate_until([_req("generate_until", (PROMPT, {"until": [stop, "\x00never"],
                                                                  "max_gen_toks": 12}))])
-    assert cut == raw[:raw.index(stop)] and stop not in cut
+    assert cut == raw_greedy[:raw_greedy.index(stop)] and stop not in cut
 
 
 def test_truncate_at_stops():
@@ -126,11 +151,10 @@ def _materialize(tmp_path, stop):
     return TaskManager(include_path=str(tmp_path), include_defaults=False)
 
 
-def test_simple_evaluate_generate_mc_and_rolling(lm, tmp_path, monkeypatch):
+def test_simple_evaluate_generate_mc_and_rolling(lm, ref_logits, raw_greedy, tmp_path,
+                                               monkeypatch):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
-    prompt = "Q: What is 2 + 2?\nA:"
-    (raw,) = lm.generate_until([_req("generate_until", (prompt, {"until": [],
-                                                                 "max_gen_toks": 12}))])
+    prompt, raw = PROMPT, raw_greedy
     stop = raw[2:4]
     tm = _materialize(tmp_path, stop)
     res = lm_eval.simple_evaluate(model=lm, tasks=["jaxsocial_test_gen", "jaxsocial_test_mc",
@@ -151,7 +175,7 @@ def test_simple_evaluate_generate_mc_and_rolling(lm, tmp_path, monkeypatch):
         lls = [r[0][0] for r in s["resps"]]
         for arg, ll in zip(s["arguments"], lls):
             ctx, cont = arg[0], arg[1]
-            assert ll == pytest.approx(_direct_loglik(lm, ctx, cont)[0], abs=2e-4)
+            assert ll == pytest.approx(_direct_loglik(lm, ref_logits, ctx, cont)[0], abs=2e-4)
         correct.append(float(np.argmax(lls) == s["doc"]["label"]))
     assert res["results"]["jaxsocial_test_mc"]["acc,none"] == pytest.approx(np.mean(correct))
     assert np.isfinite(res["results"]["jaxsocial_test_ppl"]["word_perplexity,none"])

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any, Callable, Optional, Sequence
@@ -36,6 +37,16 @@ def _bucket(n: int, minimum: int = 16) -> int:
     while b < n:
         b *= 2
     return b
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _score_tokens(graphdef, state, ids, mask, targets):
+    """Teacher-forced log p(targets) [B, T] float32 and greedy-match [B, T] bool. Module-level
+    so checkpoints of one architecture (base, trained, judge) share the compiled program."""
+    logits = nnx.merge(graphdef, state).forward(ids, mask).logits
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    tok = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return tok, jnp.argmax(logits, axis=-1) == targets
 
 
 def truncate_at_stops(text: str, stops: Sequence[str]) -> str:
@@ -109,14 +120,7 @@ class JaxSocialLM(TemplateLM):
         graphdef, state = nnx.split(model)
         self._graphdef, self._state = graphdef, state
 
-        @jax.jit
-        def score(state, ids, mask, targets):
-            logits = nnx.merge(graphdef, state).forward(ids, mask).logits
-            logp = jax.nn.log_softmax(logits, axis=-1)
-            tok = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-            return tok, jnp.argmax(logits, axis=-1) == targets
-
-        self._score = score
+        self._score = functools.partial(_score_tokens, graphdef)
 
     @staticmethod
     def _first_id(*ids) -> int:

@@ -1,0 +1,211 @@
+"""Evaluate a trained checkpoint against its base, side by side, offline.
+
+    python launch/eval.py --checkpoint=runs/social/ckpt --baseline=meta-llama-3.2-1b \
+        --tasks=humaneval,mbpp,bbh,math,alpaca --data_dir=~/eval_data --judge=JUDGE_DIR \
+        --output=eval_results.json
+
+Code, reasoning and math benchmarks run through lm-evaluation-harness with our engine
+(`jaxsocial.eval.lm_eval_model`) and the offline task configs (`jaxsocial.eval.offline_tasks`);
+code is executed in `jaxsocial.eval.sandbox`. AlpacaEval-style instruction following uses
+`jaxsocial.eval.alpaca` with a judge checkpoint. Writes one JSON with every score, lm-eval's
+per-sample records and the alpaca annotations, and prints the table:
+
+    benchmark     base   trained   change
+    HumanEval     62.20    65.24    +3.04
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+
+from absl import app, flags, logging
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """Command-line flags (defined only when run as a script, so importing is side-effect free)."""
+    flags.DEFINE_string("checkpoint", None, "Trained checkpoint (Hugging Face-format directory).")
+    flags.DEFINE_string("baseline", None, "Base checkpoint to compare against (optional).")
+    flags.DEFINE_list("tasks", ["humaneval", "mbpp", "bbh", "math", "alpaca"],
+                      "Benchmarks: humaneval, humaneval_pass10, mbpp, bbh, math (gsm8k-cot), "
+                      "alpaca.")
+    flags.DEFINE_string("data_dir", None, "Local datasets (see docs/eval.md for the layout).")
+    flags.DEFINE_string("output", "eval_results.json", "Results JSON path.")
+    flags.DEFINE_integer("limit", None, "Evaluate only the first N examples of each task (smoke).")
+    flags.DEFINE_integer("batch_size", 8, "Rows per compiled call.")
+    flags.DEFINE_integer("max_gen_toks", None, "Override every task's generation length.")
+    flags.DEFINE_string("dtype", "float32", "Compute dtype for the checkpoints.")
+    flags.DEFINE_integer("seed", 0, "Seed for sampled generation.")
+    flags.DEFINE_bool("apply_chat_template", False,
+                      "Format lm-eval prompts with the chat template.")
+    flags.DEFINE_float("sandbox_timeout", 10.0, "Seconds per program for code tasks.")
+    flags.DEFINE_integer("sandbox_memory_mb", 1024, "Memory per program for code tasks.")
+    flags.DEFINE_string("judge", None, "Judge checkpoint for alpaca (any Llama the loader reads).")
+    flags.DEFINE_string("alpaca_file", None,
+                        "alpaca_eval.json (default: <data_dir>/alpaca_eval/alpaca_eval.json).")
+    flags.DEFINE_string("alpaca_difficulty", None,
+                        "Instruction difficulty file; enables the length-controlled win rate.")
+    flags.DEFINE_enum("alpaca_reference", "file", ["file", "baseline"],
+                      "Compare against the file's reference outputs, or against the baseline's.")
+    flags.DEFINE_integer("alpaca_max_gen_toks", 512, "Answer length for alpaca instructions.")
+
+
+# benchmark -> (lm-eval result key, metric key, display name)
+HEADLINE = {
+    "humaneval": ("jaxsocial_humaneval", "pass_at_1,sandbox", "HumanEval (pass@1)"),
+    "humaneval_pass10": ("jaxsocial_humaneval_pass10", "pass_at_10,sandbox",
+                         "HumanEval (pass@10)"),
+    "mbpp": ("jaxsocial_mbpp", "pass_at_1,sandbox", "MBPP (pass@1)"),
+    "bbh": ("jaxsocial_bbh_cot_fewshot", "exact_match,get-answer", "BBH (3-shot CoT)"),
+    "math": ("jaxsocial_gsm8k_cot", "exact_match,strict-match", "Math (GSM8K 8-shot CoT)"),
+    "gsm8k": ("jaxsocial_gsm8k_cot", "exact_match,strict-match", "GSM8K (8-shot CoT)"),
+}
+
+
+def format_table(rows) -> str:
+    """rows: [(benchmark, base or None, trained)] in percent -> the blog-style text table."""
+    width = max([len("benchmark")] + [len(r[0]) for r in rows])
+    lines = [f"{'benchmark':<{width}}  {'base':>7}  {'trained':>7}  {'change':>7}"]
+    for name, base, trained in rows:
+        b = "-" if base is None else f"{base:.2f}"
+        t = "-" if trained is None else f"{trained:.2f}"
+        d = "-" if base is None or trained is None else f"{trained - base:+.2f}"
+        lines.append(f"{name:<{width}}  {b:>7}  {t:>7}  {d:>7}")
+    return "\n".join(lines)
+
+
+def headline_scores(results: dict, tasks) -> dict:
+    """lm-eval results -> {benchmark: percent}."""
+    out = {}
+    for task in tasks:
+        if task in HEADLINE:
+            name, metric, _ = HEADLINE[task]
+            value = results.get(name, {}).get(metric)
+            out[task] = None if value is None else 100.0 * float(value)
+    return out
+
+
+def run_lm_eval(lm, names, task_manager, flags_):
+    import lm_eval
+
+    gen_kwargs = {"max_gen_toks": flags_.max_gen_toks} if flags_.max_gen_toks else None
+    return lm_eval.simple_evaluate(
+        model=lm, tasks=names, task_manager=task_manager,
+        limit=flags_.limit, log_samples=True, gen_kwargs=gen_kwargs, bootstrap_iters=0,
+        apply_chat_template=flags_.apply_chat_template, confirm_run_unsafe_code=True,
+        random_seed=flags_.seed)
+
+
+def evaluate(flags_) -> dict:
+    from lm_eval.tasks import TaskManager
+    from lm_eval.utils import handle_non_serializable
+
+    from jaxsocial.eval import alpaca, code_metrics, offline_tasks
+    from jaxsocial.eval.lm_eval_model import JaxSocialLM
+
+    tasks = [t.strip() for t in flags_.tasks if t.strip()]
+    harness_tasks = [t for t in tasks if t != "alpaca"]
+    code_metrics.configure(timeout_s=flags_.sandbox_timeout, memory_mb=flags_.sandbox_memory_mb)
+    out_dir = os.path.splitext(os.path.abspath(flags_.output))[0] + "_tasks"
+    names, include_path = offline_tasks.materialize(harness_tasks, flags_.data_dir, out_dir)
+    # Our YAMLs include lm-eval's by path, so its 10k-file task index is not needed.
+    task_manager = TaskManager(include_path=include_path, include_defaults=False)
+
+    rows = difficulty = None
+    if "alpaca" in tasks:  # check every input before spending compute
+        if not flags_.judge:
+            raise ValueError("--tasks includes alpaca: give --judge=DIR (a judge checkpoint)")
+        path = flags_.alpaca_file or os.path.join(flags_.data_dir or ".", "alpaca_eval",
+                                                  "alpaca_eval.json")
+        rows = alpaca.load_instructions(path)
+        if flags_.limit:
+            rows = rows[:flags_.limit]
+        if flags_.alpaca_difficulty:
+            difficulty = alpaca.load_difficulty(flags_.alpaca_difficulty)
+        if flags_.alpaca_reference == "baseline" and not flags_.baseline:
+            raise ValueError("--alpaca_reference=baseline needs --baseline")
+
+    checkpoints = [("base", flags_.baseline), ("trained", flags_.checkpoint)]
+    checkpoints = [(k, p) for k, p in checkpoints if p]
+    report = {"tasks": tasks, "flags": {k: getattr(flags_, k) for k in (
+        "checkpoint", "baseline", "data_dir", "limit", "max_gen_toks", "judge",
+        "alpaca_reference", "apply_chat_template", "seed")}, "scores": {}, "lm_eval": {},
+        "alpaca_outputs": {}}
+    for role, path in checkpoints:
+        t0 = time.time()
+        lm = JaxSocialLM(checkpoint=path, batch_size=flags_.batch_size, dtype=flags_.dtype,
+                         seed=flags_.seed)
+        scores = {}
+        if names:
+            res = run_lm_eval(lm, names, task_manager, flags_)
+            report["lm_eval"][role] = res
+            scores.update(headline_scores(res["results"], harness_tasks))
+        if rows is not None:
+            report["alpaca_outputs"][role] = alpaca.generate_outputs(
+                lm, [r["instruction"] for r in rows], flags_.alpaca_max_gen_toks)
+        report["scores"][role] = scores
+        logging.info("evaluated %s (%s) in %.1fs", role, path, time.time() - t0)
+        del lm
+        gc.collect()
+
+    if rows is not None:
+        judge = JaxSocialLM(checkpoint=flags_.judge, batch_size=flags_.batch_size,
+                            dtype=flags_.dtype)
+        report["alpaca"] = {}
+        for role, _ in checkpoints:
+            if flags_.alpaca_reference == "baseline":
+                if role == "base":
+                    report["scores"][role]["alpaca"] = 50.0  # itself, by definition
+                    continue
+                refs, ref_gen = report["alpaca_outputs"]["base"], flags_.baseline
+            else:
+                refs, ref_gen = None, None
+            ann = alpaca.annotate(judge, rows, report["alpaca_outputs"][role],
+                                  generator=f"{role}:{dict(checkpoints)[role]}", references=refs,
+                                  reference_generator=ref_gen,
+                                  annotator=f"jaxsocial_judge:{flags_.judge}")
+            metrics = alpaca.win_rate(ann)
+            if difficulty is not None:
+                metrics["length_controlled_winrate"] = alpaca.length_controlled_win_rate(
+                    ann, difficulty)
+            report["alpaca"][role] = {"metrics": metrics, "annotations": ann}
+            report["scores"][role]["alpaca"] = metrics.get("length_controlled_winrate",
+                                                           metrics["win_rate"])
+        del judge
+
+    table = []
+    for task in tasks:
+        name = ("AlpacaEval (LC win rate)" if difficulty is not None else "AlpacaEval (win rate)"
+                ) if task == "alpaca" else HEADLINE[task][2]
+        base = report["scores"].get("base", {}).get(task)
+        trained = report["scores"].get("trained", {}).get(task)
+        table.append((name, base, trained))
+    report["table"] = [{"benchmark": n, "base": b, "trained": t,
+                        "change": None if b is None or t is None else t - b}
+                       for n, b, t in table]
+    report["table_text"] = format_table(table)
+    os.makedirs(os.path.dirname(os.path.abspath(flags_.output)), exist_ok=True)
+    with open(flags_.output, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=1, default=handle_non_serializable, ensure_ascii=False)
+    return report
+
+
+def main(argv):
+    del argv
+    if not FLAGS.checkpoint:
+        raise app.UsageError("--checkpoint is required")
+    report = evaluate(FLAGS)
+    print(report["table_text"])
+    print(f"results: {os.path.abspath(FLAGS.output)}")
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
