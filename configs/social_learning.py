@@ -1,0 +1,84 @@
+"""The social-learning tournament (jaxsocial.envs.social_learning), paper defaults.
+
+    python launch/tournament.py --config=configs/social_learning.py --workdir=/tmp/sl
+    python launch/tournament.py --config=configs/social_learning.py:tiny_llm --workdir=/tmp/sl
+
+Variants (`get_config(arg)`): None/"paper" (10 agents x 25 arms x 100 rounds, 8 seeds,
+algorithmic agents pay 0 tokens), "costed" (a flat token cost model for algorithmic agents so
+matched-cost comparisons bite), "closed" (Rendell-style: only known arms can be pulled, new
+arms need INNOVATE), "small" (4 x 6 x 10, 3 seeds: CI smoke), "tiny_llm" (small + the LLM
+agents played by the random tiny demo model).
+"""
+import ml_collections
+
+
+def get_config(arg=None):
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.num_seeds = 8
+    c.baselines = ["solo_ucb", "hierarchical_ucb", "random_copy", "copy_best",
+                   "discounting_observer"]
+    c.reference = "solo_ucb"  # dJ(C*) is measured against this policy in a solo population
+
+    e = c.env = ml_collections.ConfigDict()
+    e.num_agents = 10
+    e.num_arms = 25
+    e.num_rounds = 100
+    e.arm_dist = "exponential"  # or "weibull" (mean-normalised)
+    e.weibull_shape = 1.0
+    e.ring_width = 0.0
+    e.noise_std = 1.0
+    e.drift = "stationary"  # "periodic" (period) | "per_arm" (p_change)
+    e.period = 25
+    e.p_change = 0.0
+    e.reset_on_redraw = True
+    e.open_arms = True
+    e.copy_error = 0.0
+    e.obs_noise = 0.0
+    e.budget = 4096
+    e.budget_mode = "expire"  # or "carry"
+    e.reserve = 0  # 2048 = protected execution
+    e.forced_search_prob = 0.0  # 0.15 = forced independent search
+    e.cost_skip = 0
+    e.cost_innovate = 0
+    e.cost_revise = 0
+    e.cost_observe = 0
+    e.cost_exploit = 0
+
+    l = c.llm = ml_collections.ConfigDict()
+    l.enabled = False
+    l.checkpoint = ""  # HF-style directory (llama.from_pretrained) or "tiny" (random demo model)
+    l.num_seeds = 8
+    l.num_agents = 0  # 0 = same as env
+    l.num_arms = 0
+    l.num_rounds = 0
+    l.max_learn_tokens = 256  # generation cap of the learning decision
+    l.max_pull_tokens = 64  # generation cap of the pull decision
+    l.temperature = 0.7
+    l.top_p = 1.0
+    l.grammar = True  # constrain completions to the action grammar
+    l.dtype = "float32"
+
+    if arg in (None, "", "paper"):
+        pass
+    elif arg == "costed":
+        e.cost_innovate = 1024
+        e.cost_revise = 1024
+        e.cost_observe = 256
+        e.cost_exploit = 128
+    elif arg == "closed":
+        e.open_arms = False
+    elif arg in ("small", "tiny_llm"):
+        c.num_seeds = 3
+        e.num_agents, e.num_arms, e.num_rounds = 4, 6, 10
+        if arg == "tiny_llm":
+            l.enabled = True
+            l.checkpoint = "tiny"
+            l.num_seeds = 2
+            l.num_rounds = 3
+            l.max_learn_tokens = 24
+            l.max_pull_tokens = 12
+    else:
+        raise ValueError(f"unknown social_learning config variant {arg!r}; "
+                         "choose paper, costed, closed, small or tiny_llm")
+    return c

@@ -1,0 +1,166 @@
+"""Run the social-learning tournament: every baseline over the seeds, then (optionally) LLM agents.
+
+    python launch/tournament.py --config=configs/social_learning.py --workdir=/tmp/sl
+    python launch/tournament.py --config=configs/social_learning.py:tiny_llm --workdir=/tmp/sl
+    python launch/tournament.py --config=configs/social_learning.py \
+        --config.llm.enabled=True --config.llm.checkpoint=/path/to/hf_llama --workdir=/tmp/sl
+
+Prints a table (J, dJ(C*) vs solo with SEM and p, distinct arms, completion) and writes
+`results.json` to --workdir. The reference policy (solo UCB1) plays in a solo population; every
+other baseline plays in a social one; populations are matched by seed (same arm means, same
+forced-search schedule). LLM agents are compared with the same model with observation disabled.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+
+from jaxsocial.envs import baselines, metrics  # noqa: E402
+from jaxsocial.envs import social_learning as sl  # noqa: E402
+
+FLAGS = flags.FLAGS
+
+
+def env_params(env_cfg, **overrides) -> sl.EnvParams:
+    """EnvParams from the config's `env` block (validated)."""
+    kw = dict(env_cfg.to_dict() if hasattr(env_cfg, "to_dict") else env_cfg)
+    kw.update(overrides)
+    unknown = set(kw) - set(sl.EnvParams.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"unknown env settings {sorted(unknown)}")
+    return sl.EnvParams(**kw).validate()
+
+
+def _row(name: str, summary: dict, cmp: dict | None) -> dict:
+    row = {
+        "J_mean": summary["J"]["mean"], "J_sem": summary["J"]["sem"],
+        "C_mean": summary["C"]["mean"],
+        "distinct_arms": summary["distinct_arms"]["mean"],
+        "distinct_arms_sem": summary["distinct_arms"]["sem"],
+        "completion": summary["completion"]["mean"],
+        "reward_per_token": summary["reward_per_token"]["mean"],
+        "regret": summary["regret"]["mean"],
+        "diversity": summary["diversity"]["mean"],
+        "observe_rate": summary["observe_rate"]["mean"],
+        "deployed_from_copy": summary["deployed_from_copy"]["mean"],
+        "copied_beats_own": summary["copied_beats_own"]["mean"],
+        "summary": summary,
+    }
+    if cmp is not None:
+        row.update({"dJ_C": cmp["dJ_C"], "dJ_C_sem": cmp["dJ_C_sem"], "dJ_C_p": cmp["dJ_C_p"],
+                    "dJ_final": cmp["dJ_final"], "dJ_final_sem": cmp["dJ_final_sem"],
+                    "dJ_final_p": cmp["dJ_final_p"], "dJ_C_per_seed": cmp["per_seed"]})
+    return row
+
+
+def run_baselines(config) -> dict:
+    """Every configured baseline over `num_seeds` matched seeds. -> {name: row dict}."""
+    keys = jax.random.split(jax.random.key(config.seed), config.num_seeds)
+    k = config.env.num_arms
+    runs = {}
+    for name in config.baselines:
+        policy = baselines.get(name)
+        params = env_params(config.env, social=(name != config.reference))
+        runs[name] = sl.rollout_batch(keys, policy, params)
+    if config.reference not in runs:
+        ref = env_params(config.env, social=False)
+        runs[config.reference] = sl.rollout_batch(keys, baselines.get(config.reference), ref)
+    solo_traj = runs[config.reference][1]
+    rows = {}
+    for name, (states, traj) in runs.items():
+        summary = metrics.summarize(metrics.seed_metrics(states, traj, k))
+        cmp = None if name == config.reference else metrics.compare(traj, solo_traj)
+        rows[name] = _row(name, summary, cmp)
+    return rows
+
+
+def run_llm(config) -> dict:
+    """LLM agents (social and solo populations of the same model). -> {name: row dict}."""
+    from jaxsocial.envs import llm_agent
+
+    lc = config.llm
+    over = {f: getattr(lc, f) for f in ("num_agents", "num_arms", "num_rounds") if getattr(lc, f)}
+    params = env_params(config.env, **over)
+    agent = llm_agent.LLMAgent.load(lc.checkpoint, llm_agent.LLMAgentConfig.from_config(lc))
+    keys = jax.random.split(jax.random.key(config.seed + 1), lc.num_seeds)
+    social = agent.run(keys, params.replace(social=True))
+    solo = agent.run(keys, params.replace(social=False))
+    rows = {}
+    for name, res, ref in (("llm_social", social, solo), ("llm_solo", solo, None)):
+        summary = metrics.summarize(metrics.seed_metrics(res.states, res.traj, params.num_arms))
+        cmp = None if ref is None else metrics.compare(res.traj, ref.traj)
+        row = _row(name, summary, cmp)
+        row["malformed_learn"] = res.malformed_learn
+        row["malformed_pull"] = res.malformed_pull
+        row["truncated"] = res.truncated
+        rows[name] = row
+    return rows
+
+
+def _fmt(m, s=None, digits=2):
+    if m is None or (isinstance(m, float) and math.isnan(m)):
+        return "-"
+    if s is None or (isinstance(s, float) and math.isnan(s)):
+        return f"{m:.{digits}f}"
+    return f"{m:.{digits}f} +- {s:.{digits}f}"
+
+
+def format_table(rows: dict, reference: str) -> str:
+    head = f"{'policy':<22}{'J':>18}{'dJ(C*) vs solo':>20}{'p':>10}{'distinct':>10}{'complete':>10}"
+    lines = [head, "-" * len(head)]
+    for name, r in rows.items():
+        dj = _fmt(r.get("dJ_C"), r.get("dJ_C_sem")) if "dJ_C" in r else "(reference)"
+        p = r.get("dJ_C_p")
+        ps = "-" if p is None or math.isnan(p) else (f"{p:.1e}" if p < 1e-3 else f"{p:.3f}")
+        lines.append(f"{name:<22}{_fmt(r['J_mean'], r['J_sem']):>18}{dj:>20}{ps:>10}"
+                     f"{r['distinct_arms']:>10.2f}{r['completion']:>10.3f}")
+    lines.append(f"(dJ(C*): social minus {reference}-solo at matched cumulative tokens, paired by "
+                 "seed, mean +- SEM; p: two-sided one-sample t-test)")
+    return "\n".join(lines)
+
+
+def _clean(x):
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def run(config, workdir: str) -> dict:
+    """Baselines (+ LLM agents if enabled); writes workdir/results.json; returns the results."""
+    rows = run_baselines(config)
+    if config.llm.enabled:
+        rows.update(run_llm(config))
+    results = {"config": config.to_dict(), "num_seeds": config.num_seeds,
+               "reference": config.reference, "policies": rows}
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "results.json"), "w") as f:
+        json.dump(_clean(results), f, indent=1)
+    print(format_table(rows, config.reference))
+    return results
+
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/social_learning.py",
+                                          lock_config=True)
+flags.DEFINE_string("workdir", "/tmp/social_learning", "where results.json goes")
+
+
+def main(argv):
+    del argv
+    run(_CONFIG.value, FLAGS.workdir)
+
+
+if __name__ == "__main__":
+    app.run(main)
