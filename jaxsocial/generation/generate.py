@@ -86,7 +86,7 @@ def _programs(graphdef, bucket: int, batch: int, config: SamplingConfig, return_
 def _build(graphdef, bucket: int, config: SamplingConfig, return_hidden: bool,
            has_grammar: bool):
     n = config.max_new_tokens
-    stops = jnp.asarray(config.stop_token_ids or (-1,), jnp.int32)
+    stops = np.asarray(config.stop_token_ids or (-1,), np.int32)  # numpy: no tracer if built inside a trace
 
     def prefill(state, input_ids, attention_mask):
         TRACE_COUNTS["prefill"] += 1

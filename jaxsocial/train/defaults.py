@@ -23,7 +23,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.name = "run"
     c.seed = 0
     c.model = ml_collections.ConfigDict(dict(
-        preset="tiny", checkpoint="", dtype="float32", param_dtype="float32"))
+        preset="tiny", checkpoint="", require_checkpoint=False, dtype="float32",
+        param_dtype="float32"))
     c.tokenizer = ""
     c.agents = ml_collections.ConfigDict(dict(
         num_agents=16,
@@ -54,6 +55,9 @@ def base_config() -> ml_collections.ConfigDict:
         adaptive_kl=False, value_mode="head"))
     c.train = ml_collections.ConfigDict(dict(
         epochs=4, checkpoint_every=1, keep_checkpoints=3, log_samples=4, export_hf=True))
+    # Verifiable bonus for answers to programming problems (configs/code.py).
+    c.code = ml_collections.ConfigDict(dict(enabled=False, bonus=1.0, timeout_s=5.0,
+                                            memory_mb=256))
     c.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1)))
     c.distributed = ml_collections.ConfigDict(dict(enabled=False))
     return c

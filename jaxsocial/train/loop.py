@@ -40,7 +40,7 @@ from jaxsocial.rl.state import TrainState
 from jaxsocial.social import prompting, society
 from jaxsocial.social.actions import ActionType
 from jaxsocial.social.state import PostKind, SocialState
-from jaxsocial.train import agent_actions, defaults, sharding
+from jaxsocial.train import agent_actions, code_problems, defaults, sharding
 
 Array = jax.Array
 
@@ -70,6 +70,8 @@ class Rollout:
     parsed: Array           # [T, A] bool
     reason: Array           # [T, A] int32 society Reason for the applied action
     created_id: Array       # [T, A] int32 post id created by the action, -1 if none
+    target: Array           # [T, A] int32 target post / user id of the action, -1 if none
+    target_author: Array    # [T, A] int32 author of the targeted feed post, -1 if none
     tick: Array             # [T] int32 society tick of each agent tick
     deltas: Array           # [T + S, P, E] int32 engagement gained per slot per recorded tick
     slot_ids: Array         # [T + S, P] int32 post id in each slot after each recorded tick
@@ -85,6 +87,10 @@ def _tokenizer(config):
 
 def _model(config, tokenizer) -> llama.Llama:
     m = config.model
+    if m.get("require_checkpoint", False) and not m.checkpoint:
+        raise ValueError(f"config {config.name!r} needs --config.model.checkpoint=/path/to/a "
+                         f"Hugging Face Llama directory; for a CPU run without weights use "
+                         f"--config=configs/demo.py")
     if m.checkpoint:
         model = llama.from_pretrained(m.checkpoint, dtype=m.dtype, param_dtype=m.param_dtype)
     else:
@@ -169,8 +175,14 @@ class SocialRL:
         # Frozen post encoder: reference hidden states, mean-pooled, fixed random projection.
         h, d = model.config.hidden_size, self.params.embed_dim
         self.projection = jax.random.normal(jax.random.key(int(c.seed) + 7919), (h, d)) / np.sqrt(h)
-        self.text_bank = jnp.asarray(_text_bank(self.tokenizer, defaults.CROWD_TEXTS,
-                                                self.params.content_len))
+        self.code = c.code.enabled
+        texts = code_problems.TEXTS if self.code else defaults.CROWD_TEXTS
+        self.text_bank = jnp.asarray(_text_bank(self.tokenizer, texts, self.params.content_len))
+        # Centre of the encoder's pooled states over the text bank: subtracting it keeps post
+        # embeddings spread over directions (raw pooled states of an LLM share a large common
+        # component, which would make every agent post look alike to the crowd).
+        self.embed_center = jnp.zeros((h,), jnp.float32)
+        self.embed_center = self._pooled(self._init_ref, self.text_bank).mean(0)
         self._rollout = jax.jit(self._rollout_fn)
         self._score = jax.jit(self._score_fn)
 
@@ -253,13 +265,17 @@ class SocialRL:
         return soc.replace(posts=posts.replace(
             tokens=jnp.where(empty[:, None], bank, posts.tokens)))
 
-    def _embed(self, ref_params, content: Array) -> Array:
-        """Frozen encoder: content [B, L] -> unit embeddings [B, d] (reference model)."""
+    def _pooled(self, ref_params, content: Array) -> Array:
+        """Mean of the reference model's final hidden states over the content tokens [B, H]."""
         mask = content != 0  # right-padded: positions 0..n-1, padding never attended
         out = nnx.merge(self.pdef.graphdef, ref_params).forward(content, mask)
         m = mask[..., None].astype(jnp.float32)
-        pooled = (out.hidden.astype(jnp.float32) * m).sum(1) / jnp.maximum(m.sum(1), 1.0)
-        z = pooled @ self.projection
+        return (out.hidden.astype(jnp.float32) * m).sum(1) / jnp.maximum(m.sum(1), 1.0)
+
+    def _embed(self, ref_params, content: Array) -> Array:
+        """Frozen encoder: content [B, L] -> unit embeddings [B, d]:
+        normalize((pooled reference hidden - centre) @ fixed random projection)."""
+        z = (self._pooled(ref_params, content) - self.embed_center) @ self.projection
         return z / jnp.maximum(jnp.linalg.norm(z, axis=-1, keepdims=True), 1e-6)
 
     def _counters(self, soc: SocialState) -> Array:
@@ -303,7 +319,9 @@ class SocialRL:
             ys = dict(prompt_ids=ids, prompt_mask=mask, tokens=out.tokens,
                       logprobs=out.logprobs, mask=out.mask, action_type=parsed.type,
                       parsed=parsed.parsed, reason=info.agent.reason,
-                      created_id=info.agent.created_id, tick=info.tick)
+                      created_id=info.agent.created_id, tick=info.tick, target=acts.target,
+                      target_author=jnp.where(parsed.feed_pos >= 0, jnp.take_along_axis(
+                          feed_authors, jnp.maximum(parsed.feed_pos, 0)[:, None], 1)[:, 0], -1))
             return (soc, key), (ys, rec)
 
         def settle_tick(carry, _):
@@ -343,8 +361,30 @@ class SocialRL:
         score = jnp.where(created >= 0, score, float(r.non_post))
         return score.reshape(t, a), eng.reshape(t, a, -1)
 
-    def _score_fn(self, train: TrainState, ro: Rollout):
+    def code_bonus(self, ro: Rollout) -> np.ndarray:
+        """Host side: [T, A] bonus for comments whose code passes the commented problem's tests.
+        A problem post is one whose text came from the problem bank (seed/crowd authors)."""
+        bonus = np.zeros(ro.created_id.shape, np.float32)
+        if not self.code:
+            return bonus
+        types, ok = np.asarray(ro.action_type), np.asarray(ro.created_id) >= 0
+        target, author = np.asarray(ro.target), np.asarray(ro.target_author)
+        answer = ok & (types == int(ActionType.CREATE_COMMENT)) & (author >= self.num_agents)
+        idx = np.argwhere(answer)
+        if not len(idx):
+            return bonus
+        toks, mask = np.asarray(ro.tokens), np.asarray(ro.mask)
+        texts = [self.tokenizer.decode(toks[t, a][mask[t, a]], skip_special_tokens=True)
+                 .split(":", 1)[-1] for t, a in idx]
+        problems = [int(target[t, a]) % len(code_problems.PROBLEMS) for t, a in idx]
+        c = self.config.code
+        passed = code_problems.verify(texts, problems, float(c.timeout_s), int(c.memory_mb))
+        bonus[tuple(idx.T)] = np.where(passed, float(c.bonus), 0.0)
+        return bonus
+
+    def _score_fn(self, train: TrainState, ro: Rollout, bonus: Array):
         score, eng = self.scores(ro)
+        score = score + bonus
         score_n = rewards_lib.normalize_scores(score.reshape(-1), self.config.reward.normalize)
         flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
         batch = buffer_lib.make_trajectory(
@@ -373,7 +413,8 @@ class SocialRL:
         soc, ro = self._rollout(state.train.params, state.train.ref_params, state.society, k_roll)
         jax.block_until_ready(ro.tokens)
         t_roll = time.perf_counter() - t0
-        batch, score, eng, gap = self._score(state.train, ro)
+        bonus = self.code_bonus(ro)
+        batch, score, eng, gap = self._score(state.train, ro, jnp.asarray(bonus))
         train, upd = self.update(state.train, batch)
         jax.block_until_ready(train.step)
         wall = time.perf_counter() - t0
@@ -381,6 +422,8 @@ class SocialRL:
                        epoch=state.epoch + 1)
         metrics = self._metrics(ro, score, eng, upd, gap, wall, t_roll)
         metrics["epoch"] = int(new.epoch)
+        if self.code:
+            metrics["code_passed"] = int((bonus > 0).sum())
         return self.place(new), metrics, self._samples(ro, score, int(new.epoch))
 
     def _metrics(self, ro: Rollout, score, eng, upd, gap, wall, t_roll) -> Dict[str, Any]:

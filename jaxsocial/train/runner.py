@@ -22,18 +22,20 @@ SUMMARY_KEYS = ("avg_likes_per_post", "zero_like_share", "positive_engagement_sh
 
 
 def train(config: ml_collections.ConfigDict, workdir: str, resume: bool = True,
-          progress: bool = False, stop_after: Optional[int] = None) -> Dict[str, Any]:
+          progress: bool = False, stop_after: Optional[int] = None,
+          run: Optional[loop.SocialRL] = None) -> Dict[str, Any]:
     """Run (or resume) training in `workdir`. Returns the summary dict (also summary.json).
 
     stop_after: stop after this many epochs *in this call* (tests use it to simulate an
-    interruption); checkpoints are written as configured.
+    interruption); checkpoints are written as configured. run: a SocialRL already built
+    from the same config (reuses its compiled programs).
     """
     sharding.maybe_initialize_distributed(bool(config.distributed.enabled) or None)
     os.makedirs(workdir, exist_ok=True)
     if jax.process_index() == 0:
         with open(os.path.join(workdir, "config.json"), "w") as f:
             f.write(config.to_json_best_effort(indent=2))
-    run = loop.SocialRL(config)
+    run = run if run is not None else loop.SocialRL(config)
     state = run.init_state()
     ckpt = checkpointing.Checkpointer(workdir, keep=int(config.train.keep_checkpoints))
     history = []

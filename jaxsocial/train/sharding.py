@@ -103,7 +103,8 @@ def state_shardings(state: Any, mesh: Mesh, rules: Dict[str, Any] = LOGICAL_AXIS
     """
     def one(leaf):
         if isinstance(leaf, nnx.Variable):
-            spec = logical_to_spec(_variable_names(leaf), np.shape(leaf[...]), mesh, rules)
+            shape = jax.tree.leaves(leaf)[0].shape  # works for arrays and abstract values
+            spec = logical_to_spec(_variable_names(leaf), shape, mesh, rules)
             return leaf.replace(NamedSharding(mesh, spec))
         return NamedSharding(mesh, P())
     return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))

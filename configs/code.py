@@ -1,0 +1,42 @@
+"""The code-oriented environment: seed posts are programming problems; agents answer in
+comments and react; an answer whose code passes the problem's tests in the sandbox earns a
+verifiable bonus on top of its likes.
+
+    python launch/train.py --config=configs/code.py --config.model.checkpoint=/path/to/llama
+    python launch/train.py --config=configs/code.py:smoke
+"""
+from jaxsocial.train import defaults
+
+
+def get_config(arg=None):
+    c = defaults.base_config()
+    c.name = "code"
+    c.model.preset = "llama3_8b"
+    c.model.require_checkpoint = True
+    c.model.dtype = c.model.param_dtype = "bfloat16"
+    c.agents.num_agents = 64
+    c.agents.instruction = ("You are on a programming forum. The feed shows problems and "
+                            "answers. Reply with one action: 'comment <n>: <python code>' to "
+                            "answer problem n, 'post: <text>', 'like <n>' or 'nothing'.")
+    c.agents.actions = ("comment", "post", "like", "nothing")
+    c.society.update(num_users=8192, num_personas=8, embed_dim=32, post_capacity=8192,
+                     content_len=96, num_seed_posts=512, feed_size=4, pool_size=256)
+    c.rollout.max_new_tokens = 128
+    c.code = dict(enabled=True, bonus=1.0, timeout_s=5.0, memory_mb=256)
+    c.train.epochs = 2
+    if arg == "smoke":
+        c.model.preset = "tiny"
+        c.model.require_checkpoint = False
+        c.model.dtype = c.model.param_dtype = "float32"
+        c.agents.num_agents = 4
+        c.society.update(num_users=256, num_personas=4, embed_dim=16, post_capacity=256,
+                         content_len=24, num_seed_posts=32, feed_size=3, pool_size=32,
+                         max_active=32, crowd_budget=64)
+        c.rollout.ticks_per_epoch = 2
+        c.rollout.max_new_tokens = 32
+        c.reward.horizon = 2
+        c.rl.ppo_epochs = 1
+        c.train.epochs = 1
+    elif arg:
+        raise ValueError(f"unknown code variant {arg!r}; use configs/code.py or :smoke")
+    return c

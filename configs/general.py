@@ -1,0 +1,52 @@
+"""The paper setting: 196 LLM agents (Llama-3-8B-Instruct), likes as reward, PPO defaults.
+
+    python launch/train.py --config=configs/general.py \
+        --config.model.checkpoint=/path/to/Meta-Llama-3-8B-Instruct
+    python launch/train.py --config=configs/general.py:smoke   # tiny shapes (tests, CPU)
+
+PPO defaults from the spec: lr 3e-6, clip 0.2/0.2, gamma 1, lambda 0.95, 4 epochs, KL k1 0.05,
+temperature 0.7. The crowd is on by default (one machine reaches OASIS scale with it); set
+--config.society.crowd=False for an LLM-agents-only society like the blog's.
+"""
+from jaxsocial.train import defaults
+
+
+def get_config(arg=None):
+    c = defaults.base_config()
+    c.name = "general"
+    c.model.preset = "llama3_8b"
+    c.model.checkpoint = ""
+    c.model.require_checkpoint = True
+    c.model.dtype = "bfloat16"
+    c.model.param_dtype = "bfloat16"
+    c.agents.num_agents = 196
+    c.society.update(num_users=100_000, num_personas=32, embed_dim=64, post_capacity=65_536,
+                     content_len=96, num_seed_posts=4096, feed_size=5, pool_size=512,
+                     max_active=8192, crowd_budget=16_384)
+    c.rollout.ticks_per_epoch = 32
+    c.rollout.max_new_tokens = 128
+    c.rollout.temperature = 0.7
+    c.reward.horizon = 8
+    c.rl.lr = 3e-6
+    c.rl.ppo_epochs = 4
+    c.rl.minibatches = 4
+    c.rl.kl_coef = 0.05
+    c.train.epochs = 2
+    c.mesh.shape = (-1, 1, 1)
+    if arg == "smoke":
+        c.model.preset = "tiny"
+        c.model.require_checkpoint = False
+        c.model.dtype = c.model.param_dtype = "float32"
+        c.agents.num_agents = 4
+        c.society.update(num_users=256, num_personas=4, embed_dim=16, post_capacity=256,
+                         content_len=12, num_seed_posts=32, feed_size=3, pool_size=32,
+                         max_active=32, crowd_budget=64)
+        c.rollout.ticks_per_epoch = 2
+        c.rollout.max_new_tokens = 8
+        c.reward.horizon = 2
+        c.rl.ppo_epochs = 1
+        c.rl.minibatches = 1
+        c.train.epochs = 1
+    elif arg:
+        raise ValueError(f"unknown general variant {arg!r}; use configs/general.py or :smoke")
+    return c
