@@ -1,4 +1,4 @@
-"""The committed tiny tokenizer: byte-level round trips, special ids, and the Llama-3 chat format."""
+"""The committed tiny tokenizer: byte-level round trips, special ids, Llama-3 chat format."""
 
 import json
 import os

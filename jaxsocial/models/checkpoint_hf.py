@@ -137,14 +137,10 @@ def config_to_hf(config: llama.LlamaConfig) -> dict:
     RoPE is written both as `rope_parameters` (transformers 5) and as the older `rope_theta` +
     `rope_scaling` pair, so older readers (transformers 4, vLLM) see the same settings.
     """
-    scaling = config.rope_scaling_dict
-    rope_parameters = {"rope_type": config.rope_type, "rope_theta": config.rope_theta}
-    if scaling:
-        rope_parameters.update({k: v for k, v in scaling.items() if k not in ("type",)})
-        rope_parameters["rope_type"] = config.rope_type
-    legacy_scaling = None if not scaling else {
-        **{k: (list(v) if isinstance(v, tuple) else v) for k, v in scaling.items()
-           if k != "type"}, "rope_type": config.rope_type}
+    scaling = {k: v for k, v in (config.rope_scaling_dict or {}).items()
+               if k not in ("type", "rope_type")}
+    legacy_scaling = {"rope_type": config.rope_type, **scaling} if scaling else None
+    rope_parameters = {"rope_type": config.rope_type, "rope_theta": config.rope_theta, **scaling}
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",

@@ -344,7 +344,8 @@ class Llama(nnx.Module):
                                 for _ in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, pd, rngs)
         self.lm_head = (None if config.tie_word_embeddings else
-                        _param(rngs, (config.hidden_size, config.vocab_size), ("embed", "vocab"), pd))
+                        _param(rngs, (config.hidden_size, config.vocab_size), ("embed", "vocab"),
+                               pd))
 
     def __call__(self, input_ids: Array, attention_mask: Optional[Array] = None) -> Array:
         return self.forward(input_ids, attention_mask).logits
@@ -360,7 +361,9 @@ class Llama(nnx.Module):
         """input_ids [B, T] int; attention_mask [B, T] (1 = real token, 0 = left padding).
 
         Without a cache: a full causal forward. With a cache: the T tokens are written at
-        slots [cache.index, cache.index + T) and attend to every earlier real slot.
+        slots [cache.index, cache.index + T) and attend to every earlier real slot; their
+        positions continue from `cache.lengths`. Outside jit, writing past the cache's
+        max_len raises ValueError; under jit it cannot be checked (size the cache).
         """
         cfg = self.config
         chex.assert_rank(input_ids, 2)
@@ -436,10 +439,13 @@ def from_pretrained(path, dtype=None, param_dtype=None) -> Llama:
     return checkpoint_hf.from_pretrained(path, dtype=dtype, param_dtype=param_dtype)
 
 
-def save_pretrained(model: Llama, path) -> None:
-    """Write `model` as a transformers-loadable directory (config.json + model.safetensors)."""
+def save_pretrained(model: Llama, path, max_shard_bytes: Optional[int] = None) -> None:
+    """Write `model` as a transformers-loadable directory: config.json, generation_config.json
+    and model.safetensors in the parameter dtype (shards + model.safetensors.index.json above
+    `max_shard_bytes`, default 2 GiB)."""
     from jaxsocial.models import checkpoint_hf
-    checkpoint_hf.save_pretrained(model, path)
+    kw = {} if max_shard_bytes is None else {"max_shard_bytes": max_shard_bytes}
+    checkpoint_hf.save_pretrained(model, path, **kw)
 
 
 def load_tokenizer(path, model: Optional[Llama] = None):

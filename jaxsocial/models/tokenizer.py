@@ -1,4 +1,4 @@
-"""The in-repo tiny tokenizer: 512-token byte-level BPE with Llama-3 special tokens and chat template.
+"""The in-repo tiny tokenizer: a 512-token byte-level BPE with Llama-3 special tokens and chat.
 
 Made by `scripts/make_tiny_tokenizer.py` (trained on a corpus the script writes; no download)
 and committed under `jaxsocial/assets/tiny_tokenizer/`. Byte-level: any UTF-8 text encodes and
