@@ -22,7 +22,8 @@ the canonical tokenization of a few keywords): a pattern is a sequence of parts,
 
 and a grammar is a list of alternative patterns, each optionally closed by one of
 `end_token_ids` (e.g. <|eot_id|>). Patterns become an NFA (epsilon moves + token-set moves)
-that is determinised by subset construction over the vocabulary, so alternatives may share
+that is determinised by subset construction (over classes of tokens that every token set
+of the patterns treats alike, so a 128K vocabulary costs little), so alternatives may share
 prefixes ("like 3" / "like 30", "post:" / "poke").
 """
 
@@ -306,40 +307,51 @@ def _closure(nfa: _NFA, nodes: np.ndarray) -> np.ndarray:
 
 
 def _determinise(nfa: _NFA, start: int, final: int, vocab_size: int, max_states: int) -> Grammar:
+    """Subset construction over alphabet *atoms*: classes of tokens that belong to exactly the
+    same token sets of the NFA behave identically, so the DFA is built over the (few) atoms and
+    expanded to the vocabulary at the end."""
     n = len(nfa.eps)
+    sets, set_index = [], {}
+    moves = [[] for _ in range(n)]   # [src] -> list of (set id, dst)
+    for src in range(n):
+        for ids, dst in nfa.moves[src]:
+            ids = np.unique(ids)
+            key = ids.tobytes()
+            if key not in set_index:
+                set_index[key] = len(sets)
+                sets.append(ids)
+            moves[src].append((set_index[key], dst))
+    member = np.zeros((vocab_size, max(len(sets), 1)), bool)
+    for j, ids in enumerate(sets):
+        member[ids, j] = True
+    uniq, atom_of = np.unique(np.packbits(member, axis=1), axis=0, return_inverse=True)
+    atom_member = np.unpackbits(uniq, axis=1)[:, :member.shape[1]].astype(bool)  # [A, m]
+    atom_of = atom_of.reshape(-1)
+
     init = np.zeros(n, bool)
     init[start] = True
-    dead_key = np.zeros(n, bool).tobytes()
-    index = {dead_key: DEAD}
-    sets = [np.zeros(n, bool)]
-    start_set = _closure(nfa, init)
-    index[start_set.tobytes()] = 1
-    sets.append(start_set)
-    allowed_rows, next_rows = [np.zeros(vocab_size, bool)], [np.zeros(vocab_size, np.int32)]
+    dfa_sets = [np.zeros(n, bool), _closure(nfa, init)]
+    index = {dfa_sets[0].tobytes(): DEAD, dfa_sets[1].tobytes(): 1}
+    atom_rows = [np.full(len(uniq), DEAD, np.int32)]
     todo = 1
-    while todo < len(sets):
-        cur = sets[todo]
+    while todo < len(dfa_sets):
+        cur = dfa_sets[todo]
         todo += 1
-        # Raw successor set of every token: [V, n] bool, then closure on the distinct rows only.
-        succ = np.zeros((vocab_size, n), bool)
+        succ = np.zeros((len(uniq), n), bool)   # raw successor nodes of every atom
         for src in np.flatnonzero(cur):
-            for ids, dst in nfa.moves[src]:
-                succ[ids, dst] = True
-        packed = np.packbits(succ, axis=1)
-        uniq, inverse = np.unique(packed, axis=0, return_inverse=True)
-        row_state = np.empty(len(uniq), np.int32)
-        for u in range(len(uniq)):
-            raw = np.unpackbits(uniq[u])[:n].astype(bool)
-            closed = _closure(nfa, raw) if raw.any() else raw
+            for j, dst in moves[src]:
+                succ[atom_member[:, j], dst] = True
+        row = np.empty(len(uniq), np.int32)
+        for a in range(len(uniq)):
+            closed = _closure(nfa, succ[a]) if succ[a].any() else succ[a]
             key = closed.tobytes()
             if key not in index:
-                if len(sets) >= max_states:
+                if len(dfa_sets) >= max_states:
                     raise ValueError(f"grammar needs more than max_states={max_states} states")
-                index[key] = len(sets)
-                sets.append(closed)
-            row_state[u] = index[key]
-        nxt = row_state[inverse.reshape(-1)]
-        allowed_rows.append(nxt != DEAD)
-        next_rows.append(nxt.astype(np.int32))
-    accepting = np.array([bool(s[final]) for s in sets])
-    return make_grammar(np.stack(allowed_rows), np.stack(next_rows), 1, accepting)
+                index[key] = len(dfa_sets)
+                dfa_sets.append(closed)
+            row[a] = index[key]
+        atom_rows.append(row)
+    next_state = np.stack(atom_rows)[:, atom_of]     # [S, V]
+    accepting = np.array([bool(d[final]) for d in dfa_sets])
+    return make_grammar(next_state != DEAD, next_state, 1, accepting)
