@@ -73,7 +73,8 @@ def test_eval_end_to_end(tmp_path, monkeypatch):
 def test_eval_requires_judge_for_alpaca(tmp_path):
     launch = _launch()
     flags = types.SimpleNamespace(
-        checkpoint="x", baseline=None, tasks=["alpaca"], data_dir=DATA, output=str(tmp_path / "r.json"),
+        checkpoint="x", baseline=None, tasks=["alpaca"], data_dir=DATA,
+        output=str(tmp_path / "r.json"),
         limit=None, batch_size=2, max_gen_toks=None, dtype="float32", seed=0,
         apply_chat_template=False, sandbox_timeout=5.0, sandbox_memory_mb=512, judge=None,
         alpaca_file=None, alpaca_reference="file", alpaca_max_gen_toks=8, alpaca_difficulty=None)

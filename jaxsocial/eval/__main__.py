@@ -17,7 +17,8 @@ def main(argv=None) -> None:
         from jaxsocial.eval import offline_tasks
 
         p = argparse.ArgumentParser(prog="python -m jaxsocial.eval materialize")
-        p.add_argument("--tasks", required=True, help="comma list: " + ",".join(offline_tasks.TASKS))
+        p.add_argument("--tasks", required=True,
+                       help="comma list: " + ",".join(offline_tasks.TASKS))
         p.add_argument("--data_dir", default=None)
         p.add_argument("--out", required=True)
         a = p.parse_args(argv[1:])

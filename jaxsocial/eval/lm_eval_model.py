@@ -102,7 +102,8 @@ class JaxSocialLM(TemplateLM):
         if tokenizer is None:
             path = tokenizer_path or checkpoint
             if not path:
-                raise ValueError("jaxsocial model needs a tokenizer (tokenizer= or tokenizer_path=)")
+                raise ValueError("jaxsocial model needs a tokenizer "
+                                 "(tokenizer= or tokenizer_path=)")
             tokenizer = llama.load_tokenizer(path, model=model)
         self.model = model
         self.tokenizer = tokenizer
@@ -204,7 +205,8 @@ class JaxSocialLM(TemplateLM):
                                       jnp.asarray(tgt))
             tok, greedy = np.asarray(tok), np.asarray(greedy)
             for r, (i, _, _, n) in enumerate(chunk):
-                out[i] = (float(tok[r, t - n:].sum(dtype=np.float64)), bool(greedy[r, t - n:].all()))
+                out[i] = (float(tok[r, t - n:].sum(dtype=np.float64)),
+                          bool(greedy[r, t - n:].all()))
         return out
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list:

@@ -64,7 +64,8 @@ _INIT_SOURCE = r'''
 import ctypes, json, os, resource, signal, sys
 cfg = json.loads(sys.argv[1])
 libc = ctypes.CDLL(None, use_errno=True)
-libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                       ctypes.c_char_p]
 status = os.fdopen(cfg["status_fd"], "w", buffering=1)
 
 def fail(msg):
