@@ -205,7 +205,7 @@ def test_in_network_candidates(world):
 
 def test_random_feed_and_seen_exclusion(world):
     params, state = world
-    params = params.replace(recsys="random", overfetch=3)
+    params = params.replace(recsys="random", overfetch=5)
     users = jnp.arange(N, dtype=jnp.int32)
     feed = rec(jax.random.key(2), state, users, params)
     ids, valid = np.asarray(feed.ids), np.asarray(feed.valid)

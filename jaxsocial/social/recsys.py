@@ -4,8 +4,9 @@ Every recommender scores a candidate set per user and keeps the top K:
 - shared pool: the C best posts of the whole buffer by a user-independent prior (O(P) once),
 - per-user in-network candidates (twitter only): the latest post of I sampled followees,
 so the cost is O(P + B (C + I) d) -- never a dense users x posts matrix.  Then a cheap pass over
-the top `K * overfetch` drops duplicates, posts by muted authors and (per `seen_policy`) posts
-already shown to the user, and keeps the best K.
+the top `K + overfetch` drops duplicates and posts by muted authors and keeps the best K.  Posts
+already shown to the user (its seen ring) are excluded or down-weighted per `seen_policy` before
+the top-k, by binary search of the seen ids in the shared pool (O(B S log C)).
 """
 from __future__ import annotations
 
@@ -95,8 +96,9 @@ def post_seconds(state: SocialState, params: SocialParams, created_at_tick):
     return params.start_seconds + created_at_tick * params.seconds_per_tick
 
 
-def _pool(state: SocialState, params: SocialParams):
-    """Top-C shared candidates by the recommender's user-independent prior.  O(P)."""
+def _pool(key, state: SocialState, params: SocialParams):
+    """Shared candidates: the top `pool_size` posts by the recommender's user-independent prior,
+    plus (twitter) `pool_random` uniformly drawn live posts for diversity.  O(P)."""
     posts = state.posts
     cap = posts.capacity
     live = (posts.id >= 0) & (posts.kind != PostKind.COMMENT)
@@ -112,7 +114,41 @@ def _pool(state: SocialState, params: SocialParams):
     prior = jnp.where(live, prior, _NEG)
     c = min(params.pool_size, cap)
     score, slot = jax.lax.top_k(prior, c)
+    if params.recsys == "twitter" and params.pool_random > 0:
+        lo = jnp.maximum(posts.next_id - cap, 0)
+        rid = lo + jnp.floor(jax.random.uniform(key, (params.pool_random,))
+                             * (posts.next_id - lo)).astype(jnp.int32)
+        rslot = posts.slot(rid)
+        slot = jnp.concatenate([slot, rslot])
+        score = jnp.concatenate([score, prior[rslot]])  # -inf for comments / empty slots
+        x = slot.shape[0]
+        dup = jnp.any((slot[:, None] == slot[None, :]) & jnp.tril(jnp.ones((x, x), bool), -1),
+                      axis=1)
+        score = jnp.where(dup, _NEG, score)
     return slot, score
+
+
+def _seen_adjust(score, hit, params: SocialParams):
+    if params.seen_policy == "exclude":
+        return jnp.where(hit, _NEG, score)
+    if params.seen_policy == "downweight":
+        return score - params.seen_penalty * hit
+    return score
+
+
+def _pool_seen(score, pid, seen, params: SocialParams):
+    """Apply the seen policy to a shared pool `pid [C]` for users' seen rings `seen [B, S]`:
+    binary search of each seen id in the sorted pool, O(B S log C) -- no [B, C, S] compare."""
+    if params.seen_policy == "none":
+        return score
+    order = jnp.argsort(pid)
+    sorted_ids = pid[order]
+    pos = jnp.clip(jnp.searchsorted(sorted_ids, seen), 0, pid.shape[0] - 1)  # [B, S]
+    hit = (sorted_ids[pos] == seen) & (seen >= 0)
+    b = seen.shape[0]
+    rows = jnp.where(hit, jnp.arange(b)[:, None], b)
+    mask = jnp.zeros(score.shape, bool).at[rows, order[pos]].set(True, mode="drop")
+    return _seen_adjust(score, mask, params)
 
 
 def recommend(key: jax.Array, state: SocialState, users: jax.Array, params: SocialParams
@@ -133,23 +169,25 @@ def recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soci
     lo = jnp.maximum(posts.next_id - cap, 0)
     span = posts.next_id - lo
 
+    seen = state.memory.seen[u]  # [B, S]
     if params.recsys == "random":
-        kk = k * params.overfetch
+        kk = k + params.overfetch
         ids = lo + jnp.floor(jax.random.uniform(k_cand, (b, kk)) * span).astype(jnp.int32)
         ids = jnp.where(span > 0, jnp.minimum(ids, posts.next_id - 1), EMPTY)
         score = jax.random.uniform(k_exp2, (b, kk))
         ok = posts.alive(ids) & (posts.kind[posts.slot(ids)] != PostKind.COMMENT)
         score = jnp.where(ok, score, _NEG)
     else:
-        pslot, pprior = _pool(state, params)
+        pslot, pprior = _pool(k_cand, state, params)
         pid = posts.id[pslot]
         if params.recsys == "reddit":
             score = jnp.broadcast_to(pprior, (b, pprior.shape[0]))
             ids = jnp.broadcast_to(pid, (b, pid.shape[0]))
+            score = _pool_seen(score, pid, seen, params)
         else:
             interest = state.users.interest[u]  # [B, d], unit norm
             sim = interest @ posts.embedding[pslot].T  # [B, C]
-            score = params.w_sim * sim + pprior
+            score = _pool_seen(params.w_sim * sim + pprior, pid, seen, params)
             ids = jnp.broadcast_to(pid, score.shape)
             if params.in_network > 0:
                 # I consecutive (cyclically, from a random offset) non-empty followee entries:
@@ -172,15 +210,20 @@ def recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soci
                 iscore = _personalized_from_cos(isim, iage, posts.likes[islot], 1.0, params.w_sim,
                                                 params.w_rec, params.w_pop, params.w_in,
                                                 params.recency, params.recency_tau)
+                ihit = jnp.any((iid[:, :, None] == seen[:, None, :]) & (iid[:, :, None] >= 0),
+                               axis=2)
+                iscore = _seen_adjust(iscore, ihit, params)
                 score = jnp.concatenate([score, jnp.where(iok, iscore, _NEG)], axis=1)
                 ids = jnp.concatenate([ids, jnp.where(iok, iid, EMPTY)], axis=1)
     if params.exclude_own:
         score = jnp.where(posts.author[posts.slot(ids)] == u[:, None], _NEG, score)
 
-    kk = min(score.shape[1], k * params.overfetch)
+    # The seen policy is applied above for the pool / in-network candidates; the top
+    # K + overfetch then only lose muted authors and duplicates (and seen: random recsys).
+    kk = min(score.shape[1], k + params.overfetch)
     score, pos = jax.lax.top_k(score, kk)
     ids = jnp.take_along_axis(ids, pos, axis=1)
-    score = _filter(state, u, ids, score, params)
+    score = _filter(state, u, ids, score, params, penalize=params.recsys == "random")
     score, pos = jax.lax.top_k(score, min(k, kk))
     ids = jnp.take_along_axis(ids, pos, axis=1)
     if kk < k:  # fewer candidates than feed slots: pad
@@ -203,7 +246,8 @@ def recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soci
 
 
 def _filter(state: SocialState, u, ids, score, params: SocialParams, penalize=True):
-    """-inf for duplicates (keep the first), own/muted authors, seen posts (per policy)."""
+    """-inf for duplicates (keep the first), own/muted authors, seen posts (exclude policy;
+    `penalize`: also apply the downweight policy)."""
     posts = state.posts
     x = ids.shape[1]
     author = posts.author[posts.slot(ids)]

@@ -72,9 +72,10 @@ class SocialParams:
     # --- recommender
     recsys: str = _static("twitter")  # "random" | "reddit" | "twitter"
     feed_size: int = _static(10)  # K
-    pool_size: int = _static(256)  # C: shared out-of-network candidate pool
+    pool_size: int = _static(256)  # C: shared out-of-network candidates (top by prior)
+    pool_random: int = _static(0)  # + this many uniformly drawn live posts (twitter)
     in_network: int = _static(8)  # I: followees sampled per user for in-network candidates
-    overfetch: int = _static(2)  # top K * overfetch before the per-user filters
+    overfetch: int = _static(4)  # keep K + overfetch candidates before the muted/dup filter
     recency: str = _static("exp")  # "exp" | "oasis_clipped"
     exclude_own: bool = _static(True)
     seen_policy: str = _static("exclude")  # "exclude" | "downweight" | "none"
@@ -127,7 +128,8 @@ class SocialParams:
             ("seen_memory", self.seen_memory, self.seen_memory >= 1),
             ("feed_size", self.feed_size, self.feed_size >= 1),
             ("pool_size", self.pool_size, 1 <= self.pool_size <= self.post_capacity),
-            ("in_network", self.in_network, 0 <= self.in_network <= self.max_following),
+            ("pool_random", self.pool_random, self.pool_random >= 0),
+        ("in_network", self.in_network, 0 <= self.in_network <= self.max_following),
             ("recsys", self.recsys, self.recsys in ("random", "reddit", "twitter")),
             ("recency", self.recency, self.recency in ("exp", "oasis_clipped")),
             ("seen_policy", self.seen_policy,

@@ -1,0 +1,122 @@
+"""One society tick at N = 1e4, 1e5, 1e6 users (as many post slots as users).
+
+    python benchmarks/society_scale.py                   # 1e4, 1e5, 1e6
+    python benchmarks/society_scale.py --sizes 10000 100000 --ticks 3
+
+A tick = personalized recsys for every active crowd user (shared pool of C candidates +
+in-network posts of followees) + vectorized reactions + apply_actions (segment sums, conflict
+resolution) + metrics.  Sizes come from configs/million.py (`society_config(n)`): ~5% of users
+active per tick, C = 192 top + 64 random posts.  Each N runs in its own process so peak RSS is
+per size; compile and the first tick are excluded, the median of `--ticks` ticks is kept.  The peer, measured in the
+same run at the smallest N: OASIS's dense personalized recommender (cosine of every user x every
+post, then top-k: the users x posts matrix our recsys avoids) on the same embeddings, jitted.
+slope = least-squares d log(seconds) / d log(N) over the sizes.
+Last line: `n=<largest N> seconds_per_tick=... peak_rss_gb=... slope=...`.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def _config(n):
+    spec = importlib.util.spec_from_file_location("million", os.path.join(ROOT, "configs",
+                                                                            "million.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.society_config(n)
+
+
+def measure(n: int, ticks: int, peer: bool) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    from jaxsocial.social import metrics, society
+
+    params = society.make_params(**dict(_config(n)))
+    t0 = time.perf_counter()
+    state = jax.block_until_ready(society.reset(jax.random.key(0), params))
+    reset_s = time.perf_counter() - t0
+
+    @functools.partial(jax.jit, donate_argnums=1)
+    def tick(k, s):
+        s, info = society.step(k, s, None, params)
+        return s, metrics.compute(s, info, params)
+
+    t0 = time.perf_counter()
+    state, m = jax.block_until_ready(tick(jax.random.key(1), state))
+    first_s = time.perf_counter() - t0
+    times = []
+    for t in range(ticks):
+        t0 = time.perf_counter()
+        state, m = jax.block_until_ready(tick(jax.random.key(2 + t), state))
+        times.append(time.perf_counter() - t0)
+    out = dict(n=n, seconds_per_tick=statistics.median(times), first_tick_s=first_s,
+               reset_s=reset_s, active=int(m["active_crowd"]),
+               actions=int(m["action_counts"].sum()),
+               peak_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+    if peer:  # OASIS-style dense personalized recsys over all users x all posts
+        k = params.feed_size
+
+        @jax.jit
+        def dense(interest, emb):
+            return jax.lax.top_k(interest @ emb.T, k)[1]
+
+        args = (state.users.interest, state.posts.embedding)
+        jax.block_until_ready(dense(*args))
+        t0 = time.perf_counter()
+        jax.block_until_ready(dense(*args))
+        out["dense_recsys_s"] = time.perf_counter() - t0
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    ap.add_argument("--ticks", type=int, default=3)
+    ap.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.one:
+        print(json.dumps(measure(a.one, a.ticks, a.peer)))
+        return
+    import numpy as np
+    rows = []
+    for i, n in enumerate(a.sizes):
+        cmd = [sys.executable, __file__, "--one", str(n), "--ticks", str(a.ticks)]
+        if i == 0:
+            cmd.append("--peer")
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        if res.returncode != 0:
+            sys.exit(f"n={n} failed:\n{res.stderr[-3000:]}")
+        row = json.loads(res.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        print(f"n={n:>9,d} active={row['active']:>7,d} actions={row['actions']:>8,d} "
+              f"seconds_per_tick={row['seconds_per_tick']:.4f} "
+              f"(first tick incl. compile {row['first_tick_s']:.1f} s, reset {row['reset_s']:.1f}"
+              f" s) peak_rss_gb={row['peak_rss_gb']:.2f}", flush=True)
+        if "dense_recsys_s" in row:
+            print(f"  peer at n={n:,d}: dense users x posts recsys alone "
+                  f"{row['dense_recsys_s']:.4f} s; our whole tick / dense recsys = "
+                  f"{row['seconds_per_tick'] / row['dense_recsys_s']:.3f}", flush=True)
+    x = np.log([r["n"] for r in rows])
+    y = np.log([r["seconds_per_tick"] for r in rows])
+    slope = float(np.polyfit(x, y, 1)[0]) if len(rows) > 1 else float("nan")
+    last = rows[-1]
+    print(f"n={last['n']} seconds_per_tick={last['seconds_per_tick']:.4f} "
+          f"peak_rss_gb={last['peak_rss_gb']:.2f} slope={slope:.3f}")
+
+
+if __name__ == "__main__":
+    main()
