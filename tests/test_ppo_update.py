@@ -9,7 +9,7 @@ from flax import nnx
 from jaxsocial.models import llama
 from jaxsocial.rl import policy as policy_lib, ppo
 
-from test_rl_common import (PPO_LEARN, PPO_SMALL, RESP, TARGET, VOCAB, compiled_update,
+from test_rl_common import (PPO_FIRST, PPO_LEARN, PPO_SMALL, RESP, TARGET, VOCAB, compiled_update,
                             count_token, rollout, standard_prompts, tiny_config, tiny_policy)
 
 
@@ -35,7 +35,7 @@ def _ragged_mask(key, b, n):
 
 def test_first_ratio_is_one_with_temperature_topk_topp_and_grammar(setup):
     pdef, params, ref, prompt, pmask = setup
-    cfg = ppo.PPOConfig(temperature=0.7, top_k=20, top_p=0.9, ppo_epochs=1, learning_rate=1e-3)
+    cfg = PPO_FIRST
     b = prompt.shape[0]
     allowed = jax.random.bernoulli(jax.random.PRNGKey(2), 0.6, (b, RESP, VOCAB))
     allowed = allowed.at[..., TARGET].set(True)
@@ -57,7 +57,7 @@ def test_first_ratio_is_one_with_temperature_topk_topp_and_grammar(setup):
     # The update's first (and only) minibatch step sees the generator's log-probs: ratio 1.
     state = _state(cfg, setup)
     traj = traj.replace(old_logprobs=gen_lp * rmask)
-    _, metrics = ppo.make_update(cfg, pdef)(state, traj)
+    _, metrics = compiled_update(cfg)(state, traj)
     assert float(metrics["ratio"]) == pytest.approx(1.0, abs=1e-5)
     assert abs(float(metrics["approx_kl"])) < 1e-8
     assert float(metrics["clip_frac"]) == 0.0
@@ -126,9 +126,9 @@ def test_grad_accumulation_equals_full_minibatch(setup):
 
 def test_bad_minibatch_split_is_a_clear_error(setup):
     pdef, params, ref, prompt, pmask = setup
-    cfg = ppo.PPOConfig(num_minibatches=3)
-    traj, _ = rollout(pdef, params, ref, cfg, jax.random.PRNGKey(6), prompt, pmask, RESP,
+    traj, _ = rollout(pdef, params, ref, PPO_SMALL, jax.random.PRNGKey(6), prompt, pmask, RESP,
                       count_token(TARGET))
+    cfg = PPO_SMALL.replace(num_minibatches=3)  # 16 rows do not split into 3 minibatches
     with pytest.raises(ValueError, match="num_minibatches"):
         ppo.make_update(cfg, pdef)(_state(cfg, setup), traj)
 

@@ -32,6 +32,9 @@ TARGET = 5  # the rewarded token of the synthetic task
 PPO_LEARN = ppo.PPOConfig(learning_rate=1e-3, temperature=1.0, kl_coef=0.01)
 PPO_SMALL = ppo.PPOConfig(learning_rate=1e-3, temperature=1.0, ppo_epochs=2, num_minibatches=2,
                           adaptive_kl=True, reward_norm="running")
+# First-ratio checks: tempered, truncated (top-k, top-p) distribution, one optimizer step.
+PPO_FIRST = ppo.PPOConfig(temperature=0.7, top_k=12, top_p=0.95, stop_token_ids=(2,),
+                          ppo_epochs=1, learning_rate=1e-3)
 GRPO_LEARN = grpo.GRPOConfig(group_size=4, learning_rate=3e-3, ppo_epochs=4)
 @functools.lru_cache(maxsize=None)
 def tiny_policy(value_mode="head", seed=0):
