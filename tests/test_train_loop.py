@@ -42,11 +42,18 @@ def smoke():
     return c, loop.SocialRL(c)
 
 
-def test_demo_smoke_runs_end_to_end_and_resumes_exactly(smoke, tmp_path):
+@pytest.fixture(scope="module")
+def smoke_full(smoke, tmp_path_factory):
     config, run = smoke
-    full = runner.train(config, str(tmp_path / "full"), run=run)
+    workdir = tmp_path_factory.mktemp("full")
+    summary = runner.train(config, str(workdir), run=run)
+    return summary, workdir, _records(workdir / "metrics.jsonl")
+
+
+def test_demo_smoke_runs_end_to_end_and_resumes_exactly(smoke, smoke_full, tmp_path):
+    config, run = smoke
+    full, full_dir, recs = smoke_full
     assert full["epochs"] == 2
-    recs = _records(tmp_path / "full" / "metrics.jsonl")
     assert [r["epoch"] for r in recs] == [1, 2]
     for k in ("avg_likes_per_post", "zero_like_share", "total_posts", "parse_failures",
               "reward_mean", "positive_engagement_share", "action_mix"):
@@ -56,9 +63,9 @@ def test_demo_smoke_runs_end_to_end_and_resumes_exactly(smoke, tmp_path):
     assert all(r["logprob_gap"] < 1e-4 for r in recs)
     assert sum(recs[0]["action_mix"].values()) == config.agents.num_agents * \
         config.rollout.ticks_per_epoch
-    assert os.path.exists(tmp_path / "full" / "export" / "model.safetensors")
-    assert os.path.exists(tmp_path / "full" / "samples.jsonl")
-    assert any(f.startswith("events") for f in os.listdir(tmp_path / "full" / "tensorboard"))
+    assert os.path.exists(full_dir / "export" / "model.safetensors")
+    assert os.path.exists(full_dir / "samples.jsonl")
+    assert any(f.startswith("events") for f in os.listdir(full_dir / "tensorboard"))
     # Interrupted after epoch 1, then resumed: identical metrics (bit-exact on CPU).
     part = runner.train(config, str(tmp_path / "part"), run=run, stop_after=1)
     assert part["epochs"] == 1
@@ -129,3 +136,41 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
     steps = os.listdir(workdir / "checkpoints")
     n_epochs = len(metrics.read_text().splitlines())
     assert str(n_epochs) in steps
+
+
+def test_two_processes_agree_with_one(smoke_full, tmp_path):
+    """jax.distributed over localhost: 2 processes x 4 fake CPU devices, (2, 2, 2) mesh."""
+    _, _, recs = smoke_full
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    try:
+        for i in range(2):
+            procs.append(subprocess.Popen(
+                [sys.executable, os.path.join(ROOT, "launch", "train.py"),
+                 "--config=" + os.path.join(ROOT, "configs", "demo.py") + ":smoke",
+                 "--config.train.epochs=1", "--config.train.export_hf=False",
+                 "--config.mesh.shape=(2,2,2)", "--config.distributed.enabled=True",
+                 f"--config.distributed.coordinator_address=127.0.0.1:{port}",
+                 "--config.distributed.num_processes=2", f"--config.distributed.process_id={i}",
+                 f"--workdir={tmp_path / 'mh'}", "--noprogress"],
+                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        outs = [p.communicate(timeout=600)[0].decode() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:]
+    got = _records(tmp_path / "mh" / "metrics.jsonl")
+    assert len(got) == 1
+    for k in ("avg_likes_per_post", "total_posts", "parse_failures", "action_mix"):
+        assert got[0][k] == recs[0][k], k
+    np.testing.assert_allclose(got[0]["reward_mean"], recs[0]["reward_mean"], rtol=1e-5)
+    np.testing.assert_allclose(got[0]["ppo"]["loss"], recs[0]["ppo"]["loss"], rtol=1e-4,
+                               atol=1e-6)
+    assert "1" in os.listdir(tmp_path / "mh" / "checkpoints")

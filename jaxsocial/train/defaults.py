@@ -59,7 +59,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.code = ml_collections.ConfigDict(dict(enabled=False, bonus=1.0, timeout_s=5.0,
                                             memory_mb=256))
     c.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1)))
-    c.distributed = ml_collections.ConfigDict(dict(enabled=False))
+    # Multi-host: jax.distributed.initialize(); empty/-1 values are auto-detected by JAX on
+    # TPU pods, SLURM and Open MPI. One process per host, all running the same command.
+    c.distributed = ml_collections.ConfigDict(dict(enabled=False, coordinator_address="",
+                                                   num_processes=-1, process_id=-1))
     return c
 
 

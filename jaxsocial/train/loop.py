@@ -224,7 +224,7 @@ class SocialRL:
         mesh = self.mesh
         if mesh.size == 1:
             return jax.device_put(state, mesh.devices.flat[0])
-        return jax.device_put(state, self.state_shardings(state))
+        return sharding.put_global(state, self.state_shardings(state))
 
     def state_shardings(self, state: RunState):
         mesh = self.mesh
@@ -413,18 +413,20 @@ class SocialRL:
         soc, ro = self._rollout(state.train.params, state.train.ref_params, state.society, k_roll)
         jax.block_until_ready(ro.tokens)
         t_roll = time.perf_counter() - t0
-        bonus = self.code_bonus(ro)
+        ro_host = sharding.to_host(ro)
+        bonus = self.code_bonus(ro_host)
         batch, score, eng, gap = self._score(state.train, ro, jnp.asarray(bonus))
         train, upd = self.update(state.train, batch)
         jax.block_until_ready(train.step)
         wall = time.perf_counter() - t0
         new = RunState(train=train, society=soc, key=jax.random.key_data(key),
                        epoch=state.epoch + 1)
-        metrics = self._metrics(ro, score, eng, upd, gap, wall, t_roll)
-        metrics["epoch"] = int(new.epoch)
+        score, eng, upd, gap = sharding.to_host((score, eng, upd, gap))
+        metrics = self._metrics(ro_host, score, eng, upd, gap, wall, t_roll)
+        metrics["epoch"] = int(sharding.to_host(new.epoch))
         if self.code:
             metrics["code_passed"] = int((bonus > 0).sum())
-        return self.place(new), metrics, self._samples(ro, score, int(new.epoch))
+        return self.place(new), metrics, self._samples(ro_host, score, metrics["epoch"])
 
     def _metrics(self, ro: Rollout, score, eng, upd, gap, wall, t_roll) -> Dict[str, Any]:
         created = np.asarray(ro.created_id) >= 0
@@ -472,8 +474,11 @@ class SocialRL:
                         "score": float(sc[a])})
         return out
 
-    def export_policy(self, state: RunState, path: str) -> None:
-        """Write the current policy as a Hugging Face directory (`llama.save_pretrained`)."""
+    def export_policy(self, state: RunState, path: str, write: bool = True) -> None:
+        """Write the current policy as a Hugging Face directory (`llama.save_pretrained`).
+        Multi-process: every process must call it (the weights are gathered); `write` only on
+        one."""
         weights = policy_lib.policy_weights(self.pdef, state.train.params, state.train.ref_params)
-        model = nnx.merge(self.pdef.graphdef, jax.device_get(weights))
-        llama.save_pretrained(model, path)
+        host = sharding.to_host(weights)
+        if write:
+            llama.save_pretrained(nnx.merge(self.pdef.graphdef, host), path)

@@ -30,9 +30,13 @@ def train(config: ml_collections.ConfigDict, workdir: str, resume: bool = True,
     interruption); checkpoints are written as configured. run: a SocialRL already built
     from the same config (reuses its compiled programs).
     """
-    sharding.maybe_initialize_distributed(bool(config.distributed.enabled) or None)
+    d = config.distributed
+    sharding.maybe_initialize_distributed(
+        bool(d.enabled) or None, coordinator_address=d.get("coordinator_address"),
+        num_processes=d.get("num_processes"), process_id=d.get("process_id"))
+    lead = jax.process_index() == 0
     os.makedirs(workdir, exist_ok=True)
-    if jax.process_index() == 0:
+    if lead:
         with open(os.path.join(workdir, "config.json"), "w") as f:
             f.write(config.to_json_best_effort(indent=2))
     run = run if run is not None else loop.SocialRL(config)
@@ -46,25 +50,29 @@ def train(config: ml_collections.ConfigDict, workdir: str, resume: bool = True,
         history = meta.get("history", [])
         logging.info("resumed from epoch %d", step)
         # Drop metric lines written after the checkpoint (an interrupted epoch).
-        if os.path.exists(metrics_path):
+        if lead and os.path.exists(metrics_path):
             kept = [r for r in log_lib.read_jsonl(metrics_path) if r.get("epoch", 0) <= step]
             with open(metrics_path, "w") as f:
                 f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in kept)
-    elif os.path.exists(metrics_path) and not resume:
+    elif lead and os.path.exists(metrics_path) and not resume:
         os.remove(metrics_path)
     epochs = int(config.train.epochs)
+    epoch = int(sharding.to_host(state.epoch))
     every = max(1, int(config.train.checkpoint_every))
     done_here = 0
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=epochs, initial=int(state.epoch), desc="social-rl", unit="epoch")
-    with log_lib.MetricWriter(workdir) as writer, checkpointing.PreemptionGuard() as guard:
-        while int(state.epoch) < epochs:
+        bar = tqdm(total=epochs, initial=epoch, desc="social-rl", unit="epoch", disable=not lead)
+    writer = log_lib.MetricWriter(workdir) if lead else None
+    with checkpointing.PreemptionGuard() as guard:
+        while epoch < epochs:
             state, metrics, samples = run.run_epoch(state)
-            epoch = int(state.epoch)
-            record = writer.write(epoch, metrics)
-            writer.write_samples(samples)
+            epoch = metrics["epoch"]
+            record = log_lib.to_python(metrics)
+            if writer is not None:
+                writer.write(epoch, metrics)
+                writer.write_samples(samples)
             history.append({k: record[k] for k in SUMMARY_KEYS} | {"epoch": epoch})
             done_here += 1
             if bar is not None:
@@ -81,13 +89,15 @@ def train(config: ml_collections.ConfigDict, workdir: str, resume: bool = True,
                 break
     if bar is not None:
         bar.close()
+    if writer is not None:
+        writer.close()
     ckpt.close()
-    summary = {"epochs": int(state.epoch), "history": history,
+    summary = {"epochs": epoch, "history": history,
                "first": history[0] if history else None, "last": history[-1] if history else None}
-    if int(state.epoch) == epochs and config.train.export_hf and jax.process_index() == 0:
-        run.export_policy(state, os.path.join(workdir, "export"))
+    if epoch == epochs and config.train.export_hf:  # every process joins the gather
+        run.export_policy(state, os.path.join(workdir, "export"), write=lead)
         summary["export"] = os.path.join(workdir, "export")
-    if jax.process_index() == 0:
+    if lead:
         with open(os.path.join(workdir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
     return summary

@@ -140,8 +140,10 @@ def tree_data_shardings(tree: Any, mesh: Mesh, logical: str = "batch") -> Any:
 def maybe_initialize_distributed(enabled: Optional[bool] = None, **kwargs) -> bool:
     """Call `jax.distributed.initialize()` when asked or when the environment says so.
 
-    Asked: `enabled=True` (the config's `distributed.enabled`). Environment: a coordinator
-    address in JAX_COORDINATOR_ADDRESS, or a multi-process TPU/SLURM launch that JAX detects.
+    Asked: `enabled=True` (the config's `distributed.enabled`; kwargs such as
+    coordinator_address, num_processes, process_id, local_device_ids are passed through, None
+    or empty values left to JAX's auto-detection on TPU pods / SLURM / Open MPI).
+    Environment: a coordinator address in JAX_COORDINATOR_ADDRESS.
     Returns whether JAX now runs multi-process.
     """
     if enabled is None:
@@ -150,8 +152,36 @@ def maybe_initialize_distributed(enabled: Optional[bool] = None, **kwargs) -> bo
         return False
     if jax.distributed.is_initialized():
         return jax.process_count() > 1
-    jax.distributed.initialize(**{k: v for k, v in kwargs.items() if v is not None})
+    jax.distributed.initialize(**{k: v for k, v in kwargs.items() if v not in (None, "", -1)})
     logging.info("jax.distributed: process %d of %d, %d local / %d global devices",
                  jax.process_index(), jax.process_count(), jax.local_device_count(),
                  jax.device_count())
     return jax.process_count() > 1
+
+
+def to_host(tree: Any) -> Any:
+    """Numpy copies of (possibly multi-process, sharded) arrays: every process gets the full
+    global value (an all-gather across processes when needed)."""
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    from jax.experimental import multihost_utils
+
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(jax.device_get(x))
+    return jax.tree.map(one, tree)
+
+
+def put_global(tree: Any, shardings: Any) -> Any:
+    """Place a tree on (possibly multi-process) shardings. Values must be identical on every
+    process (same seed, same computation): each process fills its addressable shards."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+
+    def one(x, s):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return jax.device_put(x, s)
+        host = np.asarray(jax.device_get(x))
+        return jax.make_array_from_callback(host.shape, s, lambda idx: host[idx])
+    return jax.tree.map(one, tree, shardings)
