@@ -70,6 +70,8 @@ def main():
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--dtype", default="float32", help="compute/param dtype of our model")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--hf_threads", type=int, default=0,
+                    help="torch intra-op threads for the peer (0 = torch's default)")
     ap.add_argument("--skip_hf", action="store_true", help="no PyTorch peer (e.g. on a GPU box)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -107,6 +109,8 @@ def main():
     hf_tok_s = float("nan")
     if not args.skip_hf:
         import torch
+        if args.hf_threads:
+            torch.set_num_threads(args.hf_threads)
         tm = torch_model(model)
         t_ids, t_mask = torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(mask.astype(np.int64))
         kw = dict(do_sample=True, temperature=1.0, top_k=50, top_p=0.95, max_new_tokens=args.new,
