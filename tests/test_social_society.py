@@ -14,8 +14,8 @@ A = 4  # LLM agents
 PARAMS = society.make_params(
     num_users=200, num_agents=A, post_capacity=192, num_seed_posts=128, embed_dim=8,
     content_len=4, max_following=12, init_following=4, reaction_memory=48, seen_memory=20,
-    feed_size=6, pool_size=32, in_network=4, max_active=64, crowd_budget=160,
-    reward_horizon=3, activation_rate=0.2, like_bias=-1.0, p_post=0.2)
+    feed_size=6, pool_size=32, in_network=4, max_active=64, crowd_budget=192,
+    reward_horizon=3, activation_rate=0.2, like_bias=-2.0, p_post=0.2)
 TICKS = 8
 
 
@@ -76,14 +76,14 @@ def test_same_key_same_trajectory_and_vmap(step, run):
 
     # vmap over 3 independent societies (different seeds) == running each alone
     keys = jax.random.split(jax.random.key(5), 3)
-    batched = jax.vmap(lambda k: society.reset(k, PARAMS))(keys)
+    singles = [society.reset(k, PARAMS) for k in keys]
+    batched = jax.tree.map(lambda *x: jnp.stack(x), *singles)
     acts = jax.tree.map(lambda x: jnp.stack([x] * 3), empty_actions(4, PARAMS))
     vstep = jax.jit(jax.vmap(functools.partial(society.step, params=PARAMS)))
     skeys = jax.random.split(jax.random.key(6), 3)
     out, info = vstep(skeys, batched, acts)
     for i in range(3):
-        alone, alone_info = step(skeys[i], society.reset(keys[i], PARAMS),
-                                 empty_actions(4, PARAMS))
+        alone, alone_info = step(skeys[i], singles[i], empty_actions(4, PARAMS))
         mine = jax.tree.map(lambda x: x[i], out)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                      mine, alone)
@@ -178,12 +178,18 @@ def _np_gini(x):
 
 def test_gini_matches_numpy():
     rng = np.random.default_rng(0)
+    gini = jax.jit(metrics.gini)
     for x in (rng.pareto(1.5, 300), rng.integers(0, 5, 50), np.zeros(10), np.ones(7)):
-        assert float(metrics.gini(jnp.asarray(x))) == pytest.approx(_np_gini(x), abs=1e-5)
-    x = rng.pareto(1.5, 100)
-    m = rng.random(100) < 0.4
-    assert float(metrics.gini(jnp.asarray(x), jnp.asarray(m))) == pytest.approx(
+        m = np.zeros(300, bool)
+        m[:len(x)] = True
+        padded = np.concatenate([x, rng.random(300 - len(x)) * 50])  # masked-out junk
+        got = float(gini(jnp.asarray(padded, jnp.float32), jnp.asarray(m)))
+        assert got == pytest.approx(_np_gini(padded[m]), abs=1e-5)
+    x = rng.pareto(1.5, 300)
+    m = rng.random(300) < 0.4
+    assert float(gini(jnp.asarray(x, jnp.float32), jnp.asarray(m))) == pytest.approx(
         _np_gini(x[m]), abs=1e-5)
+    assert float(metrics.gini(jnp.asarray(x))) == pytest.approx(_np_gini(x), abs=1e-5)
 
 
 def test_metrics_match_numpy(run):
