@@ -1,0 +1,131 @@
+r"""Rollout / update throughput of a Social-RL config: tokens/s, ticks/s, trajectories/s,
+PPO tokens/s, compile times, peak memory; optionally a jax.profiler trace.
+
+    python launch/profile.py --config=configs/demo.py
+    python launch/profile.py --config=configs/demo.py --config.mesh.shape='(8,1,1)'
+    python launch/profile.py --config=configs/general.py:smoke --trace_dir=/tmp/trace
+    python launch/profile.py --config=configs/general.py --config.model.preset=llama3_2_1b \
+        --config.model.require_checkpoint=False --peak_tflops=989   # e.g. one H200, bf16 dense
+
+Prints a table and writes --out (JSON). MFU = achieved model FLOP/s over --peak_tflops, with
+2 * params FLOPs per generated token and 6 * params per trained token (+ the reference and
+value passes of the update: 2 * params each per token).
+"""
+
+import os
+import sys
+
+# This file is named like the stdlib's `profile` (cProfile imports it): take launch/ off the
+# import path before anything imports cProfile.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+sys.path.insert(0, os.path.dirname(_HERE))
+
+import json  # noqa: E402
+import resource  # noqa: E402
+import time  # noqa: E402
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py", "Config file.",
+                                          lock_config=True)
+_REPEATS = flags.DEFINE_integer("repeats", 2, "Timed epochs after the compiling one.")
+_OUT = flags.DEFINE_string("out", "profile.json", "Where to write the JSON results.")
+_TRACE = flags.DEFINE_string("trace_dir", "", "Write a jax.profiler trace of one epoch here.")
+_PEAK = flags.DEFINE_float("peak_tflops", 0.0, "Peak FLOP/s of one device for MFU (0 = skip).")
+
+
+def _peak_memory_gb():
+    import jax
+    stats = getattr(jax.local_devices()[0], "memory_stats", lambda: None)()
+    if stats and "peak_bytes_in_use" in stats:
+        return stats["peak_bytes_in_use"] / 2**30, "device"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "host_rss"
+
+
+def profile(config, repeats=2, trace_dir="", peak_tflops=0.0):
+    """Measure one config. Returns a dict of figures (see module docstring)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxsocial.train import loop, sharding
+
+    t0 = time.perf_counter()
+    run = loop.SocialRL(config)
+    state = run.init_state()
+    setup_s = time.perf_counter() - t0
+    key = jax.random.key(0)
+    args = (state.train.params, state.train.ref_params, state.society, key)
+    t0 = time.perf_counter()
+    rollout = run._rollout.lower(*args).compile()
+    compile_rollout = time.perf_counter() - t0
+    soc, ro = rollout(*args)
+    jax.block_until_ready(ro.tokens)
+    bonus = jnp.zeros(ro.created_id.shape, jnp.float32)
+    t0 = time.perf_counter()
+    score = run._score.lower(state.train, ro, bonus).compile()
+    batch = score(state.train, ro, bonus)[0]
+    update = run.update.lower(state.train, batch).compile()
+    compile_update = time.perf_counter() - t0
+    roll_t, upd_t, tokens, trained = [], [], [], []
+    for i in range(repeats):
+        key = jax.random.fold_in(key, i)
+        t0 = time.perf_counter()
+        soc, ro = rollout(state.train.params, state.train.ref_params, soc, key)
+        jax.block_until_ready(ro.tokens)
+        roll_t.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        batch = score(state.train, ro, bonus)[0]
+        new_train, _ = update(state.train, batch)
+        jax.block_until_ready(new_train.step)
+        upd_t.append(time.perf_counter() - t0)
+        tokens.append(float(sharding.to_host(ro.mask).sum()))
+        seq = batch.prompt_tokens.shape[1] + batch.response_tokens.shape[1]
+        trained.append(batch.batch_size * seq)
+    if trace_dir:
+        with jax.profiler.trace(trace_dir):
+            soc, ro = rollout(state.train.params, state.train.ref_params, soc, key)
+            jax.block_until_ready(ro.tokens)
+    ticks = int(config.rollout.ticks_per_epoch)
+    traj = ticks * run.num_agents
+    roll, upd = float(np.median(roll_t)), float(np.median(upd_t))
+    n_params = run.model_config.num_params()
+    out = {
+        "config": config.name, "devices": jax.device_count(), "mesh": list(run.mesh.shape.values()),
+        "backend": jax.default_backend(), "params": n_params,
+        "setup_s": setup_s, "compile_rollout_s": compile_rollout,
+        "compile_update_s": compile_update,
+        "rollout_s": roll, "update_s": upd,
+        "tokens_per_s": float(np.median(tokens)) / roll,
+        "ticks_per_s": ticks / roll,
+        "trajectories_per_s": traj / (roll + upd),
+        "ppo_tokens_per_s": float(np.median(trained)) * int(config.rl.ppo_epochs) / upd,
+    }
+    mem, kind = _peak_memory_gb()
+    out["peak_memory_gb"], out["peak_memory_kind"] = mem, kind
+    if peak_tflops:
+        peak = peak_tflops * 1e12 * jax.device_count()
+        out["rollout_mfu"] = 2 * n_params * out["tokens_per_s"] / peak
+        out["update_mfu"] = (6 + 4) * n_params * out["ppo_tokens_per_s"] / peak
+    return out
+
+
+def format_table(res):
+    rows = [(k, f"{v:.4g}" if isinstance(v, float) else str(v)) for k, v in res.items()]
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+
+
+def main(argv):
+    del argv
+    res = profile(_CONFIG.value, _REPEATS.value, _TRACE.value, _PEAK.value)
+    print(format_table(res))
+    with open(_OUT.value, "w") as f:
+        json.dump(res, f, indent=2)
+    print(json.dumps({k: res[k] for k in ("tokens_per_s", "ticks_per_s", "ppo_tokens_per_s")}))
+
+
+if __name__ == "__main__":
+    app.run(main)
