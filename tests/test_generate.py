@@ -11,7 +11,8 @@ from test_grammar import ref_accepts
 from test_sampling import ref_probs
 
 from jaxsocial.generation import (GenerationOutput, SamplingConfig, compile_grammar, free_text,
-                                  generate, grammar as gr, recompute_logprobs)
+                                  generate, generate_from_state, grammar as gr,
+                                  recompute_logprobs)
 from jaxsocial.generation.generate import TRACE_COUNTS, _programs, bucket_length
 from jaxsocial.models import llama
 
@@ -244,3 +245,18 @@ def test_bad_inputs_raise(models, case, match):
         ids[1, -1] = V
     with pytest.raises(ValueError, match=match):
         generate(ours, ids, mask, jax.random.key(0), config, grammar=grammar)
+
+
+def test_generate_from_state_inside_an_outer_jit(models, sampled):
+    """The training loop calls generate_from_state inside its own jit: same tokens as eager."""
+    ours, _ = models
+    ids, mask, out = sampled
+    graphdef, state = nnx.split(ours)
+
+    @jax.jit
+    def rollout(state, ids, mask, key):
+        return generate_from_state(graphdef, state, ids, mask, key, SAMPLED, return_hidden=True)
+
+    nested = rollout(state, jnp.asarray(ids), jnp.asarray(mask), jax.random.key(42))
+    np.testing.assert_array_equal(np.asarray(nested.tokens), np.asarray(out.tokens))
+    np.testing.assert_allclose(np.asarray(nested.logprobs), np.asarray(out.logprobs), atol=1e-5)
