@@ -45,6 +45,7 @@ def base_config() -> ml_collections.ConfigDict:
         horizon=4,           # H ticks after creation
         like=1.0, repost=0.0, comment=0.0, new_followers=0.0,
         non_post=0.0,        # score of a trajectory that created no post
+        non_post_baseline=False,  # True: it gets the epoch's mean post score instead
         normalize="none",    # "none" | "whiten" (per epoch) | "running"
     ))
     c.rl = ml_collections.ConfigDict(dict(

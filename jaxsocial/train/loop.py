@@ -358,7 +358,14 @@ class SocialRL:
             score += r.new_followers * rewards_lib.followers_within_horizon(
                 authors, created_tick, ro.follower_delta, int(r.horizon), ro.tick[0],
                 valid=created >= 0)
-        score = jnp.where(created >= 0, score, float(r.non_post))
+        made = created >= 0
+        if r.get("non_post_baseline", False):
+            # Actions that create nothing earn the epoch's mean post score: posting pays only
+            # when the post beats the average (quality, not volume).
+            base = jnp.sum(jnp.where(made, score, 0.0)) / jnp.maximum(jnp.sum(made), 1)
+        else:
+            base = float(r.non_post)
+        score = jnp.where(made, score, base)
         return score.reshape(t, a), eng.reshape(t, a, -1)
 
     def code_bonus(self, ro: Rollout) -> np.ndarray:
