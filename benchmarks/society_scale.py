@@ -5,11 +5,12 @@
 
 A tick = personalized recsys for every active crowd user (shared pool of C candidates +
 in-network posts of followees) + vectorized reactions + apply_actions (segment sums, conflict
-resolution) + metrics.  Sizes come from configs/million.py (`society_config(n)`): ~5% of users
-active per tick, C = 192 top + 64 random posts.  Each N runs in its own process so peak RSS is
-per size; compile and the first tick are excluded, the median of `--ticks` ticks is kept.  The peer, measured in the
-same run at the smallest N: OASIS's dense personalized recommender (cosine of every user x every
-post, then top-k: the users x posts matrix our recsys avoids) on the same embeddings, jitted.
+resolution); the metrics pass (two Gini sorts of N / P values) is timed separately.  Sizes come
+from configs/million.py (`society_config(n)`): ~5% of users active per tick, C = 192 top + 64
+random posts.  Each N runs in its own process so peak RSS is per size; compile and the first
+tick are excluded, the median of `--ticks` ticks is kept.  The peer, measured in the same run at
+the smallest N: OASIS's dense personalized recommender (cosine of every user x every post, then
+top-k: the users x posts matrix our recsys avoids) on the same embeddings, jitted.
 slope = least-squares d log(seconds) / d log(N) over the sizes.
 Last line: `n=<largest N> seconds_per_tick=... peak_rss_gb=... slope=...`.
 """
@@ -51,19 +52,23 @@ def measure(n: int, ticks: int, peer: bool) -> dict:
 
     @functools.partial(jax.jit, donate_argnums=1)
     def tick(k, s):
-        s, info = society.step(k, s, None, params)
-        return s, metrics.compute(s, info, params)
+        return society.step(k, s, None, params)
 
+    measure = jax.jit(functools.partial(metrics.compute, params=params))
     t0 = time.perf_counter()
-    state, m = jax.block_until_ready(tick(jax.random.key(1), state))
+    state, info = jax.block_until_ready(tick(jax.random.key(1), state))
     first_s = time.perf_counter() - t0
     times = []
     for t in range(ticks):
         t0 = time.perf_counter()
-        state, m = jax.block_until_ready(tick(jax.random.key(2 + t), state))
+        state, info = jax.block_until_ready(tick(jax.random.key(2 + t), state))
         times.append(time.perf_counter() - t0)
+    m = jax.block_until_ready(measure(state, info))
+    t0 = time.perf_counter()
+    m = jax.block_until_ready(measure(state, info))
+    metrics_s = time.perf_counter() - t0
     out = dict(n=n, seconds_per_tick=statistics.median(times), first_tick_s=first_s,
-               reset_s=reset_s, active=int(m["active_crowd"]),
+               reset_s=reset_s, metrics_s=metrics_s, active=int(m["active_crowd"]),
                actions=int(m["action_counts"].sum()),
                peak_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
     if peer:  # OASIS-style dense personalized recsys over all users x all posts
@@ -105,7 +110,8 @@ def main():
         print(f"n={n:>9,d} active={row['active']:>7,d} actions={row['actions']:>8,d} "
               f"seconds_per_tick={row['seconds_per_tick']:.4f} "
               f"(first tick incl. compile {row['first_tick_s']:.1f} s, reset {row['reset_s']:.1f}"
-              f" s) peak_rss_gb={row['peak_rss_gb']:.2f}", flush=True)
+              f" s, metrics {row['metrics_s']:.3f} s) peak_rss_gb={row['peak_rss_gb']:.2f}",
+              flush=True)
         if "dense_recsys_s" in row:
             print(f"  peer at n={n:,d}: dense users x posts recsys alone "
                   f"{row['dense_recsys_s']:.4f} s; our whole tick / dense recsys = "

@@ -1,7 +1,7 @@
 """Crowd-only society at OASIS's million-agent scale (no LLM agents).
 
     python launch/simulate.py --config=configs/million.py --workdir=runs/million
-    python launch/simulate.py --config=configs/million.py:small --workdir=runs/small   # 1e4 users, seconds
+    python launch/simulate.py --config=configs/million.py:small --workdir=runs/small  # 1e4, seconds
     python launch/simulate.py --config=configs/million.py:tiny --workdir=/tmp/t        # tests
 
 `society` holds `jaxsocial.social.state.SocialParams` fields (checked by name at start-up).
@@ -22,7 +22,7 @@ def society_config(num_users: int) -> ml_collections.ConfigDict:
         recsys="twitter", feed_size=10, pool_size=192, pool_random=64, in_network=8,
         overfetch=4,
         recency="exp", seen_policy="exclude", crowd=True,
-        max_active=max_active, crowd_budget=min(n, 5 * max_active),
+        max_active=max_active, crowd_budget=min(n, 3 * max_active),
         activation_rate=rate, activity_sigma=1.0, like_bias=-4.0, like_sim=3.0,
         p_post=0.1, p_repost=0.02, p_quote=0.005, p_comment=0.03, p_follow=0.03,
         explore_frac=0.05))

@@ -180,24 +180,30 @@ class ApplyInfo:
         return self.reason == Reason.OK
 
 
-def _first_in_group(k1, k2, mask):
-    """[B] bool: True for the first masked row (batch order) of each (k1, k2) group."""
+def _group_sort(k1, k2, mask):
+    """One sort of the batch by (k1, k2, row) over masked rows (the others last).
+
+    Returns (order [B], first [B] bool: the row is the first masked row of its (k1, k2) group in
+    batch order)."""
     b = k1.shape[0]
     idx = jnp.arange(b, dtype=jnp.int32)
-    k1 = jnp.where(mask, k1, _INT_MAX)
-    s1, s2, order = jax.lax.sort((k1, k2, idx), num_keys=3)
+    s1, s2, order = jax.lax.sort((jnp.where(mask, k1, _INT_MAX), k2, idx), num_keys=3)
     new = jnp.concatenate([jnp.ones((1,), bool), (s1[1:] != s1[:-1]) | (s2[1:] != s2[:-1])])
-    return jnp.zeros((b,), bool).at[order].set(new) & mask
+    return order, jnp.zeros((b,), bool).at[order].set(new) & mask
 
 
-def _rank_in_group(key, mask):
-    """[B] int32: rank of each masked row among masked rows with the same key, in batch order."""
-    b = key.shape[0]
+def _rank_sorted(order, gkey, mask):
+    """[B] int32: rank of each masked row among the masked rows of its `gkey` group, counted in
+    `order` (groups must be contiguous in `order`)."""
+    b = order.shape[0]
     idx = jnp.arange(b, dtype=jnp.int32)
-    ks, order = jax.lax.sort((jnp.where(mask, key, _INT_MAX), idx), num_keys=2)
-    new = jnp.concatenate([jnp.ones((1,), bool), ks[1:] != ks[:-1]])
+    g = gkey[order]
+    m = mask[order].astype(jnp.int32)
+    new = jnp.concatenate([jnp.ones((1,), bool), g[1:] != g[:-1]])
     start = jax.lax.cummax(jnp.where(new, idx, 0))
-    return jnp.zeros((b,), jnp.int32).at[order].set(idx - start)
+    cs = jnp.cumsum(m)
+    rank = cs - 1 - (cs[start] - m[start])
+    return jnp.zeros((b,), jnp.int32).at[order].set(rank)
 
 
 def _kth_free(free, rank):
@@ -278,7 +284,9 @@ def apply_actions(state: SocialState, actions: ActionBatch, params: SocialParams
 
     # --- in-batch conflicts: first row per (actor, family, target) wins
     keyed = (reason == Reason.OK) & (fam != FAM_NONE)
-    first = _first_in_group(actor * _NUM_FAM + fam, eff, keyed)
+    # Sorted by (actor, family, target): the family ranges of one actor are contiguous, which
+    # the insert ranks below reuse (one sort per batch).
+    order, first = _group_sort(actor * _NUM_FAM + fam, eff, keyed)
     reason = reject(reason, keyed & ~first, Reason.CONFLICT_IN_BATCH)
 
     # --- state checks
@@ -299,7 +307,7 @@ def apply_actions(state: SocialState, actions: ActionBatch, params: SocialParams
     # --- capacity: rank inserts per (actor, memory), then find their slots
     ins = (reason == Reason.OK) & keyed & (direction > 0)
     mem_id = jnp.where(is_rec, 0, jnp.where(fam == FAM_FOLLOW, 1, 2))
-    rank = _rank_in_group(actor * 3 + mem_id, ins)
+    rank = _rank_sorted(order, actor * 3 + mem_id, ins)
     # Removals first (they free entries), then the r-th free entry of the row for the r-th insert.
     rem = (reason == Reason.OK) & keyed & (direction < 0)
     rem_f, rem_m, rem_r = rem & (fam == FAM_FOLLOW), rem & (fam == FAM_MUTE), rem & is_rec
