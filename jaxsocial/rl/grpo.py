@@ -153,7 +153,7 @@ def make_update(cfg: GRPOConfig, pdef, donate: bool = False) -> ppo.CompiledUpda
     def loss_fn(params, ref_params, rows, denom):
         b = rows["batch"]
         out = policy_lib.evaluate(pdef, params, ref_params, b, cfg, with_values=False,
-                                  with_entropy=True)
+                                  with_entropy=True, entropy_grad=cfg.ent_coef != 0)
         loss, stats = grpo_loss(out.logprobs, b.old_logprobs, b.ref_logprobs, rows["adv"],
                                 rows["mask"], cfg, denom)
         ent = ppo.masked_sum(out.entropy, rows["mask"]) / denom["tokens"]

@@ -134,11 +134,14 @@ def _values(head, hidden):
 
 
 def evaluate(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, *,
-             with_values: bool = True, with_entropy: bool = False) -> PolicyEval:
+             with_values: bool = True, with_entropy: bool = False,
+             entropy_grad: bool = False) -> PolicyEval:
     """One policy forward over prompt + response -> PolicyEval, each [B, R] float32.
 
     cfg supplies the sampling distribution (temperature, top_k, top_p); batch.allowed the
-    grammar mask. Entropy is of the same (masked, tempered, truncated) distribution.
+    grammar mask. Entropy is of the same (masked, tempered, truncated) distribution; it is
+    differentiable only with entropy_grad=True (otherwise it is a logged metric and costs no
+    backward pass over [B, R, V]).
     """
     p, r = batch.prompt_len, batch.response_len
     if p < 1:
@@ -150,7 +153,8 @@ def evaluate(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, *,
     logprobs = sampling_lib.token_logprobs(logits, batch.response_tokens, scfg, batch.allowed)
     entropy = None
     if with_entropy:
-        lp = sampling_lib.log_probs(logits, scfg, batch.allowed)
+        ent_logits = logits if entropy_grad else jax.lax.stop_gradient(logits)
+        lp = sampling_lib.log_probs(ent_logits, scfg, batch.allowed)
         entropy = -jnp.sum(jnp.exp(lp) * lp, axis=-1)
     values = None
     if with_values and pdef.has_values:

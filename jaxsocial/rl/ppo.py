@@ -485,7 +485,8 @@ def make_update(cfg: PPOConfig, pdef, donate: bool = False) -> CompiledUpdate:
 
     def loss_fn(params, ref_params, rows, denom):
         out = policy_lib.evaluate(pdef, params, ref_params, rows["batch"], cfg,
-                                  with_values=True, with_entropy=True)
+                                  with_values=True, with_entropy=True,
+                                  entropy_grad=cfg.ent_coef != 0)
         mask = rows["mask"]
         pg, pg_stats = policy_loss(out.logprobs, rows["batch"].old_logprobs, rows["adv"], mask,
                                    cfg.clip_eps, cfg.clip_eps_high, denom["tokens"])
