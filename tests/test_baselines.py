@@ -131,8 +131,9 @@ def test_hierarchical_round_through_env():
         ea, ps = h_exploit(k3, ps, obs, p)
         # reference inner choice on the post-learning memory
         u = np.asarray(jax.random.uniform(k3, (n, k)))
-        known, es, ec = (np.asarray(x) for x in (obs.known, obs.est_sum, obs.est_count))
-        ref = [ucb1_reference(known[i], es[i], ec[i], u[i]) for i in range(n)]
+        es, ec = np.asarray(obs.est_sum), np.asarray(obs.est_count)
+        pullable = np.ones((n, k), bool)  # open arms: every arm may be pulled
+        ref = [ucb1_reference(pullable[i], es[i], ec[i], u[i]) for i in range(n)]
         np.testing.assert_array_equal(ea.arm, ref)
         observed = np.asarray(obs.learn_kind) == sl.OBSERVE
         for i in np.flatnonzero(observed):

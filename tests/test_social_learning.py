@@ -151,7 +151,7 @@ def test_forced_schedule_matches_reference_and_is_shared(closed_runs):
         ref = [[hash_py(seed, t, i) / 2**32 < 0.15 for i in range(p.num_agents)]
                for t in range(p.num_rounds)]
         np.testing.assert_array_equal(forced[b], np.asarray(ref))
-    assert 0.08 < forced.mean() < 0.22
+    assert 0.05 < forced.mean() < 0.3
     # forced agents never observe and pull the arm they just innovated (while arms remain)
     for name in ("hierarchical_ucb", "random"):
         tr = runs[name][1]
@@ -195,9 +195,10 @@ RANDOM = sl.Policy("random", bl._empty_init, _rand_learn, _rand_exploit, bl._no_
 
 @pytest.fixture(scope="module")
 def closed_runs():
-    """Closed repertoire, correlated ring, forced search; populations matched by seed."""
-    p = sl.EnvParams(num_agents=6, num_arms=12, num_rounds=30, forced_search_prob=0.15,
-                     open_arms=False, ring_width=2.0)
+    """Closed repertoire, forced search; populations matched by seed. Shapes (and static
+    settings) equal configs "small", so these share compiled programs with the other tests."""
+    p = sl.EnvParams(num_agents=4, num_arms=6, num_rounds=10, forced_search_prob=0.15,
+                     open_arms=False)
     keys = jax.random.split(jax.random.key(3), 3)
     solo = p.replace(social=False)
     runs = {"solo_ucb": sl.rollout_batch(keys, bl.solo_ucb, solo),

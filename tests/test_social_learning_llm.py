@@ -69,7 +69,8 @@ def test_parse_pull(text, expected):
 
 @pytest.fixture(scope="module")
 def tiny_agent():
-    return la.LLMAgent.load("tiny", la.LLMAgentConfig(max_learn_tokens=24, max_pull_tokens=12))
+    # one generation length for both phases: both share the compiled programs
+    return la.LLMAgent.load("tiny", la.LLMAgentConfig(max_learn_tokens=16, max_pull_tokens=16))
 
 
 def test_tiny_llm_end_to_end_pays_real_tokens(tiny_agent):
@@ -111,12 +112,37 @@ def test_tiny_llm_end_to_end_pays_real_tokens(tiny_agent):
     np.testing.assert_array_equal(again.traj.tokens, run.traj.tokens)
 
 
-def test_tiny_llm_without_grammar_counts_malformed(tiny_agent):
-    free = la.LLMAgent(tiny_agent.model, tiny_agent.tokenizer,
-                       la.LLMAgentConfig(max_learn_tokens=24, max_pull_tokens=12, grammar=False))
-    p = sl.EnvParams(num_agents=3, num_arms=5, num_rounds=1, social=False)
-    run = free.run(jax.random.split(jax.random.key(1), 1), p)
-    # a random model almost never writes the format: counted, played as skip / missed pull
-    assert run.malformed_learn + run.malformed_pull > 0
-    bad = ~np.array([la.parse_pull(t, 5)[1] for t in run.texts[0][1][0]])
-    assert not np.asarray(run.traj.pulled)[0, 0][bad].any()
+class _Scripted(la.LLMAgent):
+    """An LLM agent whose completions are scripted (no model): drives `run`'s bookkeeping."""
+
+    def __init__(self, tokenizer, learn, pull):
+        self.tokenizer, self.config, self._grammars = tokenizer, la.LLMAgentConfig(grammar=False), {}
+        self.eot, self.pad, self.script = 5, 0, {"learn": learn, "pull": pull}
+
+    def complete(self, user_messages, key, max_new_tokens, grammar=None):
+        phase = "learn" if "LEARN:" in user_messages[0] else "pull"
+        texts = [self.script[phase][i % len(self.script[phase])] for i in range(len(user_messages))]
+        lengths = np.array([len(t) for t in texts], np.int32)  # 1 token per character
+        return texts, lengths, lengths >= max_new_tokens
+
+
+def test_malformed_completions_are_counted_not_fatal():
+    agent = _Scripted(None, learn=["LEARN: innovate", "hmm", "LEARN: observe 9"],
+                      pull=["PULL: 1", "PULL: 1", "no idea"])
+    p = sl.EnvParams(num_agents=3, num_arms=5, num_rounds=2, open_arms=True)
+    run = agent.run(jax.random.split(jax.random.key(1), 1), p)
+    forced = np.asarray(run.traj.forced)
+    assert run.malformed_learn == 2 * 2 - forced[0, :, 1:].sum()  # agents 1, 2 each round
+    assert run.malformed_pull == 2  # agent 2, both rounds
+    pulled = np.asarray(run.traj.pulled)[0]
+    # malformed pull = missed pull (unless forced search imposed the pull)
+    assert pulled[:, :2].all()
+    np.testing.assert_array_equal(pulled[:, 2], forced[0, :, 2])
+    kinds = np.asarray(run.traj.requested)[0]
+    assert (kinds[:, 1][~forced[0, :, 1]] == sl.SKIP).all()  # malformed learning = skip
+    # tokens charged: scripted lengths (also for malformed ones), 0 for the learning decision
+    # of forced agents (not asked)
+    tokens = np.asarray(run.traj.tokens)[0]
+    lens_learn = np.array([15, 3, 16])
+    lens_pull = np.array([7, 7, 7])
+    np.testing.assert_array_equal(tokens, np.where(forced[0], 0, lens_learn) + lens_pull)

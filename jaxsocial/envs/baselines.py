@@ -64,11 +64,10 @@ def solo_learn_kind(obs: sl.Observation, params: sl.EnvParams):
     """[N] learning action of UCB1's "untried arms first": with a closed repertoire, innovate
     only when every known arm has been tried and some arm is still unknown; otherwise (and
     always with `open_arms`, where untried arms are pulled directly) skip."""
-    if params.open_arms:
-        return jnp.full(obs.known.shape[:1], sl.SKIP, jnp.int32)
     known_untried = (obs.known & (obs.est_count == 0)).any(-1)
     unknown = (~obs.known).any(-1)
-    return jnp.where(~known_untried & unknown, sl.INNOVATE, sl.SKIP).astype(jnp.int32)
+    innovate = ~known_untried & unknown & ~jnp.asarray(params.open_arms)
+    return jnp.where(innovate, sl.INNOVATE, sl.SKIP).astype(jnp.int32)
 
 
 def _eligible_peers(obs: sl.Observation, params: sl.EnvParams):

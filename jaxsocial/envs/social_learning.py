@@ -79,11 +79,11 @@ class EnvParams:
     drift: str = _static("stationary")  # "stationary" | "periodic" | "per_arm"
     period: int = _static(25)
     reset_on_redraw: bool = _static(True)  # forget estimates when all means are redrawn
-    # True: a pull may target any arm; pulling a never-known arm discovers it (origin INNOVATED),
-    # as in the paper's bandit. False: only known arms can be pulled (Rendell-style repertoire).
-    open_arms: bool = _static(True)
     budget_mode: str = _static("expire")  # "expire" | "carry"
     # dynamic
+    # True: a pull may target any arm; pulling a never-known arm discovers it (origin INNOVATED),
+    # as in the paper's bandit. False: only known arms can be pulled (Rendell-style repertoire).
+    open_arms: bool = True
     social: bool = True
     noise_std: float = 1.0
     p_change: float = 0.0
@@ -466,12 +466,15 @@ def exploit(key, state: EnvState, action: ExploitAction, params: EnvParams):
     safe = jnp.clip(arm, 0, k - 1)
     valid_arm = in_range & (state.known[agents, safe] | params.open_arms)
     wants_pull = action.arm != PULL_NONE
-    costs_e = jnp.where(action.tokens < 0, params.cost_exploit, action.tokens).astype(jnp.int32)
+    # Explicit token counts (LLM agents) are paid even for a malformed / absent pull; the cost
+    # model charges only pulls that are attempted.
+    costs_e = jnp.where(action.tokens < 0,
+                        jnp.where(wants_pull | forced_pull, params.cost_exploit, 0),
+                        action.tokens).astype(jnp.int32)
     remaining = state.available - state.spent
     affordable = (remaining > 0) & (costs_e <= remaining)
     pulled = valid_arm & affordable & (wants_pull | forced_pull)
-    spent_exploit = jnp.where(wants_pull | forced_pull, jnp.minimum(costs_e, remaining), 0)
-    spent_exploit = jnp.maximum(spent_exploit, 0)
+    spent_exploit = jnp.maximum(jnp.minimum(costs_e, remaining), 0)
 
     r = state.mu[safe] + params.noise_std * jax.random.normal(k_pull, (n,))
     reward = jnp.where(pulled, r, 0.0).astype(jnp.float32)

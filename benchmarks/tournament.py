@@ -1,0 +1,92 @@
+"""Throughput of the social-learning tournament: populations x rounds per second.
+
+    python benchmarks/tournament.py [--seeds 1000] [--python-pops 20] [--repeats 3]
+
+Every baseline runs vectorised over `--seeds` populations of 10 agents x 25 arms x 100 rounds
+(one jitted `rollout_batch` call, compile excluded). The peer, measured in the same run, is a
+straightforward pure-Python solo UCB1 (lists, `random.gauss`, one agent and arm at a time: the
+way the paper's experiment code plays the bandit). Prints a table and the ratio; the last line
+is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+
+from jaxsocial.envs import baselines  # noqa: E402
+from jaxsocial.envs import social_learning as sl  # noqa: E402
+
+
+def python_solo_ucb(seed: int, n: int = 10, k: int = 25, t_max: int = 100) -> float:
+    """One solo-UCB1 population in plain Python; returns the cumulative per-agent mean reward."""
+    rng = random.Random(seed)
+    mu = [rng.expovariate(1.0) for _ in range(k)]
+    counts = [[0] * k for _ in range(n)]
+    sums = [[0.0] * k for _ in range(n)]
+    total = 0.0
+    for _ in range(t_max):
+        for i in range(n):
+            untried = [a for a in range(k) if counts[i][a] == 0]
+            if untried:
+                arm = rng.choice(untried)
+            else:
+                tot = sum(counts[i])
+                arm = max(range(k), key=lambda a: sums[i][a] / counts[i][a]
+                          + math.sqrt(2 * math.log(tot) / counts[i][a]))
+            r = rng.gauss(mu[arm], 1.0)
+            counts[i][arm] += 1
+            sums[i][arm] += r
+            total += r
+    return total / n
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, default=1000)
+    ap.add_argument("--python-pops", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    params = sl.EnvParams()  # 10 agents x 25 arms x 100 rounds
+    keys = jax.random.split(jax.random.key(0), args.seeds)
+    pop_rounds = args.seeds * params.num_rounds
+    rates = {}
+    for name, policy in baselines.BASELINES.items():
+        p = params.replace(social=(name != "solo_ucb"))
+        jax.block_until_ready(sl.rollout_batch(keys, policy, p))  # compile
+        best = math.inf
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(sl.rollout_batch(keys, policy, p))
+            best = min(best, time.perf_counter() - t0)
+        rates[name] = pop_rounds / best
+    t0 = time.perf_counter()
+    for s in range(args.python_pops):
+        python_solo_ucb(s, params.num_agents, params.num_arms, params.num_rounds)
+    py_rate = args.python_pops * params.num_rounds / (time.perf_counter() - t0)
+    print(f"social-learning tournament, {params.num_agents} agents x {params.num_arms} arms x "
+          f"{params.num_rounds} rounds, backend {jax.default_backend()}, {os.cpu_count()} CPUs")
+    print(f"{'policy':<34}{'population-rounds/s':>22}")
+    for name, r in rates.items():
+        print(f"{'jax ' + name + f' x{args.seeds}':<34}{r:>22,.0f}")
+    print(f"{'python solo_ucb loop':<34}{py_rate:>22,.0f}")
+    ratio = rates["solo_ucb"] / py_rate
+    print(f"solo UCB1: vectorised JAX / pure-Python loop = {ratio:.1f}x")
+    print(json.dumps({"benchmark": "social_learning_tournament", "seeds": args.seeds,
+                      "agents": params.num_agents, "arms": params.num_arms,
+                      "rounds": params.num_rounds,
+                      "jax_pop_rounds_per_s": {k: round(v, 1) for k, v in rates.items()},
+                      "python_solo_ucb_pop_rounds_per_s": round(py_rate, 1),
+                      "speedup_solo_ucb": round(ratio, 2)}))
+
+
+if __name__ == "__main__":
+    main()
