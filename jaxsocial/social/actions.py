@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import enum
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -214,9 +213,9 @@ def _kth_free(free, rank):
 
 
 def _check_batch(state: SocialState, actions: ActionBatch, params: SocialParams):
-    b = actions.type.shape[0]
     if actions.type.ndim != 1:
         raise ValueError(f"actions.type must be [B], got shape {actions.type.shape}")
+    b = actions.type.shape[0]
     if b > params.post_capacity:
         raise ValueError(f"action batch of {b} exceeds post_capacity={params.post_capacity}")
     for name, shape in (("actor", (b,)), ("target", (b,)), ("valid", (b,)),
@@ -225,6 +224,9 @@ def _check_batch(state: SocialState, actions: ActionBatch, params: SocialParams)
         got = getattr(actions, name).shape
         if got != shape:
             raise ValueError(f"actions.{name} has shape {got}, expected {shape}")
+    for name in ("type", "actor", "target", "content"):
+        if not jnp.issubdtype(getattr(actions, name).dtype, jnp.integer):
+            raise ValueError(f"actions.{name} must be integer, got {getattr(actions, name).dtype}")
     if state.posts.id.shape != (params.post_capacity,):
         raise ValueError(f"state.posts has shape {state.posts.id.shape}, params say "
                          f"post_capacity={params.post_capacity}")

@@ -10,6 +10,7 @@ the top-k, by binary search of the seen ids in the shared pool (O(B S log C)).
 """
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -160,6 +161,8 @@ def recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soci
     "downweight" subtracts `seen_penalty` instead.  `explore_frac` of the slots are swapped for
     uniformly random live posts.  Pure; does not mark the feed as seen (see `mark_seen`).
     """
+    chex.assert_rank(users, 1)
+    chex.assert_type(users, jnp.int32)
     posts, graph = state.posts, state.graph
     n, cap, k = params.num_users, posts.capacity, params.feed_size
     b = users.shape[0]
@@ -269,6 +272,8 @@ def _filter(state: SocialState, u, ids, score, params: SocialParams, penalize=Tr
 def mark_seen(state: SocialState, users: jax.Array, feed: Feed, params: SocialParams
               ) -> SocialState:
     """Append each user's valid feed ids to its seen ring `[N, S]` (users must be distinct)."""
+    chex.assert_rank(users, 1)
+    chex.assert_shape([feed.ids, feed.valid], (users.shape[0], None))
     n, s = params.num_users, params.seen_memory
     mem = state.memory
     user_ok = (users >= 0) & (users < n)
