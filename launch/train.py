@@ -12,14 +12,19 @@ produces the same metrics as an uninterrupted one); `--noresume` starts over. SI
 checkpoint at the end of the current epoch and exits 0.
 """
 
-import json
 import os
 import sys
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+# launch/ holds profile.py, which would shadow the stdlib `profile` that cProfile imports:
+# keep launch/ off the import path and put the repository root on it.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+sys.path.insert(0, os.path.dirname(_HERE))
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import json  # noqa: E402
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py",
                                           "Path to a config file (configs/*.py[:variant]).",
@@ -34,7 +39,10 @@ def main(argv):
     from jaxsocial.train import runner
     config = _CONFIG.value
     workdir = _WORKDIR.value or os.path.join("runs", config.name)
-    summary = runner.train(config, workdir, resume=_RESUME.value, progress=_PROGRESS.value)
+    try:
+        summary = runner.train(config, workdir, resume=_RESUME.value, progress=_PROGRESS.value)
+    except (ValueError, FileNotFoundError) as e:  # bad config / missing checkpoint: one line
+        sys.exit(f"error: {e}")
     print(runner.format_summary(summary))
     print(json.dumps({"workdir": workdir, "epochs": summary["epochs"]}))
 
