@@ -12,9 +12,10 @@ vectorized draw:
 
 and, once per user: create a post (p_post), repost / quote / comment (p_repost, p_quote,
 p_comment) the feed item argmax_k(cos + Gumbel), follow that item's author (p_follow) if not
-followed yet.  Posts already liked/disliked by the user are not reacted to again.  The events
-are compacted into one `ActionBatch` of `crowd_budget` rows (overflow counted) and applied with
-`apply_actions`, so the crowd obeys exactly the rules the LLM agents do.
+followed yet and the user's followee row has room.  Posts already liked/disliked by the user are
+not reacted to again.  The events are compacted into one `ActionBatch` of `crowd_budget` rows
+(overflow counted) and applied with `apply_actions`, so the crowd obeys exactly the rules the
+LLM agents do.
 
 Crowd posts carry no tokens (all 0); their embedding is normalize(interest + post_noise z/sqrt(d))
 (a quote / comment mixes in its parent's embedding).
@@ -95,7 +96,8 @@ def crowd_step(key: jax.Array, state: SocialState, params: SocialParams
     do_repost = has_fav & (coin[1] < params.p_repost)
     do_quote = has_fav & (coin[2] < params.p_quote)
     do_comment = has_fav & (coin[3] < params.p_comment)
-    do_follow = has_fav & (coin[4] < params.p_follow) & ~fav_followed & (fav_author != u)
+    do_follow = (has_fav & (coin[4] < params.p_follow) & ~fav_followed & (fav_author != u)
+                 & (state.users.num_following[u] < params.max_following))
 
     # Flatten candidate events, then compact the drawn ones into the fixed-size batch.
     rep = lambda x: jnp.repeat(x, k)
