@@ -129,6 +129,8 @@ class SocialParams:
             ("feed_size", self.feed_size, self.feed_size >= 1),
             ("pool_size", self.pool_size, 1 <= self.pool_size <= self.post_capacity),
             ("pool_random", self.pool_random, self.pool_random >= 0),
+        ("overfetch", self.overfetch, self.overfetch >= 0),
+        ("reward_horizon", self.reward_horizon, self.reward_horizon >= 1),
         ("in_network", self.in_network, 0 <= self.in_network <= self.max_following),
             ("recsys", self.recsys, self.recsys in ("random", "reddit", "twitter")),
             ("recency", self.recency, self.recency in ("exp", "oasis_clipped")),
