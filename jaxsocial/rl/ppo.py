@@ -101,6 +101,10 @@ class PPOConfig:
 
 
 def _check_common(cfg) -> None:
+    stops = cfg.stop_token_ids
+    stops = (stops,) if isinstance(stops, int) else stops
+    # a tuple of ints keeps the frozen config hashable (it is a static jit argument)
+    object.__setattr__(cfg, "stop_token_ids", tuple(int(t) for t in stops))
     if cfg.lr_schedule not in LR_SCHEDULES:
         raise ValueError(f"lr_schedule={cfg.lr_schedule!r}; choose one of {LR_SCHEDULES}")
     if cfg.kl_estimator not in KL_ESTIMATORS:
