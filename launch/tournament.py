@@ -20,7 +20,11 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Run as a script, launch/ would be sys.path[0] and its modules could shadow the standard
+# library (launch/profile.py hides `profile`); import from the repository root instead.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+sys.path.insert(0, os.path.dirname(_HERE))
 
 import jax  # noqa: E402
 
@@ -123,8 +127,9 @@ def format_table(rows: dict, reference: str) -> str:
         ps = "-" if p is None or math.isnan(p) else (f"{p:.1e}" if p < 1e-3 else f"{p:.3f}")
         lines.append(f"{name:<22}{_fmt(r['J_mean'], r['J_sem']):>18}{dj:>20}{ps:>10}"
                      f"{r['distinct_arms']:>10.2f}{r['completion']:>10.3f}")
-    lines.append(f"(dJ(C*): social minus {reference}-solo at matched cumulative tokens, paired by "
-                 "seed, mean +- SEM; p: two-sided one-sample t-test)")
+    lines.append(f"(dJ(C*): social minus solo at matched cumulative tokens, paired by seed, mean "
+                 f"+- SEM; solo = {reference} in a solo population for the baselines, the same "
+                 "model with observation disabled for LLM agents; p: two-sided one-sample t-test)")
     return "\n".join(lines)
 
 
@@ -152,8 +157,9 @@ def run(config, workdir: str) -> dict:
     return results
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/social_learning.py",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(os.path.dirname(_HERE), "configs", "social_learning.py"),
+    "Tournament config file (configs/social_learning.py[:variant]).", lock_config=True)
 flags.DEFINE_string("workdir", "/tmp/social_learning", "where results.json goes")
 
 
