@@ -213,8 +213,9 @@ def test_kv_cache_allocated_once_at_bucket_plus_new_in_compute_dtype(models, tmp
     ids, mask = left_padded([5, 9, 16], 16, seed=6)
     cache, logits = jax.eval_shape(prefill, state, ids, mask)
     c = bf16.config
-    assert cache.k.shape == (c.num_hidden_layers, 3, 16 + 7, c.num_key_value_heads, c.head_dim)
-    assert cache.k.dtype == jnp.bfloat16 and cache.v.dtype == jnp.bfloat16
+    assert len(cache.k) == len(cache.v) == c.num_hidden_layers
+    assert all(x.shape == (3, 16 + 7, c.num_key_value_heads, c.head_dim) for x in cache.k + cache.v)
+    assert all(x.dtype == jnp.bfloat16 for x in cache.k + cache.v)
     assert logits.shape == (3, V) and logits.dtype == jnp.float32
 
 

@@ -216,12 +216,14 @@ def apply_rope(x: Array, positions: Array, inv_freq: Array) -> Array:
 
 @flax.struct.dataclass
 class KVCache:
-    """Explicit KV cache. k, v [L, B, S, K, D]; mask [B, S] bool (slot holds a real token);
+    """Explicit KV cache. k, v: tuples of L arrays [B, S, K, D] (one buffer per layer, so a
+    decode step updates each layer in place instead of copying a stacked [L, ...] buffer;
+    together the same [L, B, S, K, D] allocation); mask [B, S] bool (slot holds a real token);
     index int32 scalar (next slot to write, same for every row: batches are left-padded);
     lengths [B] int32 (real tokens so far = position of the next token)."""
 
-    k: Array
-    v: Array
+    k: tuple
+    v: tuple
     mask: Array
     index: Array
     lengths: Array
@@ -230,9 +232,10 @@ class KVCache:
 def init_cache(config: LlamaConfig, batch: int, max_len: int, dtype: Any = None) -> KVCache:
     """An empty cache for `batch` rows and `max_len` slots, in the compute dtype by default."""
     dt = as_dtype(dtype or config.dtype)
-    shape = (config.num_hidden_layers, batch, max_len, config.num_key_value_heads,
-             config.head_dim)
-    return KVCache(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt),
+    shape = (batch, max_len, config.num_key_value_heads, config.head_dim)
+    layers = range(config.num_hidden_layers)
+    return KVCache(k=tuple(jnp.zeros(shape, dt) for _ in layers),
+                   v=tuple(jnp.zeros(shape, dt) for _ in layers),
                    mask=jnp.zeros((batch, max_len), bool), index=jnp.zeros((), jnp.int32),
                    lengths=jnp.zeros((batch,), jnp.int32))
 
@@ -384,8 +387,11 @@ class Llama(nnx.Module):
             new_cache = None
         else:
             s = cache.mask.shape[1]
-            chex.assert_shape(cache.k, (cfg.num_hidden_layers, b, s, cfg.num_key_value_heads,
-                                        cfg.head_dim))
+            if len(cache.k) != cfg.num_hidden_layers:
+                raise ValueError(f"cache has {len(cache.k)} layers, model has "
+                                 f"{cfg.num_hidden_layers}")
+            chex.assert_shape(list(cache.k) + list(cache.v),
+                              (b, s, cfg.num_key_value_heads, cfg.head_dim))
             idx = cache.index
             if not isinstance(idx, jax.core.Tracer) and int(idx) + t > s:
                 # Under jit this cannot be checked; dynamic_update_slice would clamp the write
@@ -395,13 +401,14 @@ class Llama(nnx.Module):
             slot_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, idx))
             q_slot = idx + jnp.arange(t)
             allowed = (jnp.arange(s)[None, :] <= q_slot[:, None])[None] & slot_mask[:, None, :]
-            store = {"k": cache.k, "v": cache.v}
+            store = {"k": list(cache.k), "v": list(cache.v)}
 
             def make_kv_fn(layer):
                 def kv_fn(k, v):
                     for name, new in (("k", k), ("v", v)):
-                        store[name] = jax.lax.dynamic_update_slice(
-                            store[name], new.astype(store[name].dtype)[None], (layer, 0, idx, 0, 0))
+                        buf = store[name][layer]
+                        store[name][layer] = jax.lax.dynamic_update_slice(
+                            buf, new.astype(buf.dtype), (0, idx, 0, 0))
                     return store["k"][layer], store["v"][layer]
                 return kv_fn
 
@@ -414,7 +421,8 @@ class Llama(nnx.Module):
             x = layer(x, positions, inv_freq, bias, kv_fn)
         hidden = self.norm(x)
         if cache is not None:
-            new_cache = KVCache(k=store["k"], v=store["v"], mask=slot_mask, index=idx + t,
+            new_cache = KVCache(k=tuple(store["k"]), v=tuple(store["v"]), mask=slot_mask,
+                                index=idx + t,
                                 lengths=cache.lengths + mask.sum(axis=1, dtype=jnp.int32))
         return LlamaOutput(logits=self.unembed(hidden), hidden=hidden, cache=new_cache)
 
