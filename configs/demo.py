@@ -19,23 +19,26 @@ def get_config(arg=None):
     c.model.checkpoint = ""          # empty: random init of the preset (seeded)
     c.tokenizer = ""                 # empty: the in-repo tiny tokenizer
     c.agents.num_agents = 16
-    # Crowd taste is the signal: two interest clusters, likes driven by post-interest similarity
+    # Crowd taste is the signal: one interest cluster, likes driven by post-interest similarity
     # (no popularity feedback, so one lucky post does not dominate an epoch's average).
-    c.society.update(num_users=2048, num_personas=2, embed_dim=16, post_capacity=2048,
+    c.society.update(num_users=2048, num_personas=1, embed_dim=16, post_capacity=2048,
                      content_len=12, num_seed_posts=256, feed_size=4, pool_size=256,
                      w_pop=0.0, recency_tau=6.0, explore_frac=0.1,
                      max_active=256, crowd_budget=512, activation_rate=0.1,
-                     interest_noise=0.3, like_bias=-3.5, like_sim=6.0, like_pop=0.0,
+                     interest_noise=0.3, like_bias=-5.0, like_sim=8.0, like_pop=0.0,
                      p_post=0.02)
+    # Answers that create no post earn the epoch's mean post score: the policy is rewarded for
+    # posts that beat the average (what the crowd likes), not for posting more.
+    c.reward.non_post_baseline = True
     c.rollout.ticks_per_epoch = 16
     c.rollout.max_new_tokens = 16
     c.rollout.temperature = 1.0
     c.rl.algo = "ppo"
-    c.rl.lr = 3e-4                   # tiny random model: far above the 8B default (3e-6)
+    c.rl.lr = 1e-3                   # tiny random model: far above the 8B default (3e-6)
     c.rl.kl_coef = 0.01
-    c.rl.ppo_epochs = 2
+    c.rl.ppo_epochs = 4
     c.rl.minibatches = 2
-    c.train.epochs = 10
+    c.train.epochs = 12
     c.train.checkpoint_every = 2
     if arg == "smoke":
         c.agents.num_agents = 4
