@@ -19,6 +19,7 @@ def get_config(arg=None):
     c.baselines = ["solo_ucb", "hierarchical_ucb", "random_copy", "copy_best",
                    "discounting_observer"]
     c.reference = "solo_ucb"  # dJ(C*) is measured against this policy in a solo population
+    c.fast_compile = False  # True: XLA optimisation level 0 (quicker compile, slower rollouts)
 
     e = c.env = ml_collections.ConfigDict()
     e.num_agents = 10
@@ -70,6 +71,7 @@ def get_config(arg=None):
         e.open_arms = False
     elif arg in ("small", "tiny_llm"):
         c.num_seeds = 3
+        c.fast_compile = True
         e.num_agents, e.num_arms, e.num_rounds = 4, 6, 10
         if arg == "tiny_llm":
             l.enabled = True

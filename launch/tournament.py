@@ -74,10 +74,11 @@ def run_baselines(config) -> dict:
     for name in config.baselines:
         policy = baselines.get(name)
         params = env_params(config.env, social=(name != config.reference))
-        runs[name] = sl.rollout_batch(keys, policy, params)
+        runs[name] = sl.rollout_batch(keys, policy, params, fast_compile=config.fast_compile)
     if config.reference not in runs:
         ref = env_params(config.env, social=False)
-        runs[config.reference] = sl.rollout_batch(keys, baselines.get(config.reference), ref)
+        runs[config.reference] = sl.rollout_batch(keys, baselines.get(config.reference), ref,
+                                                  fast_compile=config.fast_compile)
     solo_traj = runs[config.reference][1]
     rows = {}
     for name, (states, traj) in runs.items():

@@ -10,10 +10,10 @@ from jaxsocial.envs import baselines as bl
 from jaxsocial.envs import metrics
 from jaxsocial.envs import social_learning as sl
 
-ucb_pick = jax.jit(bl.ucb_pick)
-h_learn = jax.jit(bl.hierarchical_ucb.learn)
-h_exploit = jax.jit(bl.hierarchical_ucb.exploit)
-h_update = jax.jit(bl.hierarchical_ucb.update)
+ucb_pick = jax.jit(bl.ucb_pick, compiler_options=sl.FAST_COMPILE)
+h_learn = jax.jit(bl.hierarchical_ucb.learn, compiler_options=sl.FAST_COMPILE)
+h_exploit = jax.jit(bl.hierarchical_ucb.exploit, compiler_options=sl.FAST_COMPILE)
+h_update = jax.jit(bl.hierarchical_ucb.update, compiler_options=sl.FAST_COMPILE)
 
 
 def _random_memory(rng, n, k, p_known=0.7, p_untried=0.15):
@@ -171,7 +171,8 @@ def test_copy_best_rule():
 def small_runs():
     p = sl.EnvParams(num_agents=4, num_arms=6, num_rounds=10)  # = configs "small": shared programs
     keys = jax.random.split(jax.random.key(0), 3)
-    return p, keys, {name: sl.rollout_batch(keys, pol, p) for name, pol in bl.BASELINES.items()}
+    return p, keys, {name: sl.rollout_batch(keys, pol, p, fast_compile=True)
+                     for name, pol in bl.BASELINES.items()}
 
 
 def test_all_baselines_vmapped_and_deterministic(small_runs):
@@ -181,7 +182,7 @@ def test_all_baselines_vmapped_and_deterministic(small_runs):
         assert tr.reward.shape == (3, 10, 4)
         assert np.isfinite(np.asarray(tr.reward)).all()
         assert np.asarray(tr.pulled).mean() > 0.9, name
-        st2, tr2 = sl.rollout_batch(keys, pol, p)  # same seeds -> same run
+        st2, tr2 = sl.rollout_batch(keys, pol, p, fast_compile=True)  # same seeds -> same run
         np.testing.assert_array_equal(tr.reward, tr2.reward)
         # different seeds differ
         assert not np.array_equal(np.asarray(tr.reward[0]), np.asarray(tr.reward[1]))
@@ -194,8 +195,8 @@ def test_hierarchical_beats_solo_ucb():
     """Qualitative: 8 seeds, 10 agents x 25 arms x 100 rounds (paper: +25.68 +- 2.87, p < .001)."""
     p = sl.EnvParams()
     keys = jax.random.split(jax.random.key(0), 8)
-    _, solo = sl.rollout_batch(keys, bl.solo_ucb, p.replace(social=False))
-    _, hier = sl.rollout_batch(keys, bl.hierarchical_ucb, p)
+    _, solo = sl.rollout_batch(keys, bl.solo_ucb, p.replace(social=False), fast_compile=True)
+    _, hier = sl.rollout_batch(keys, bl.hierarchical_ucb, p, fast_compile=True)
     cmp = metrics.compare(hier, solo)
     print(f"hier - solo UCB: dJ = {cmp['dJ_final']:.2f} +- {cmp['dJ_final_sem']:.2f}, "
           f"p = {cmp['dJ_final_p']:.2g}")

@@ -22,7 +22,8 @@ def _traj(reward, tokens):
     reward = np.asarray(reward, np.float32)
     z = np.zeros(reward.shape)
     return sl.Trajectory(reward=reward, pulled=z > -1, arm=z.astype(int), tokens=np.asarray(tokens),
-                         learn_kind=z, requested=z, learn_invalid=z > 0, forced=z > 0, regret=z,
+                         learn_kind=z, requested=z, learn_invalid=z > 0, forced=z > 0,
+                         forced_applied=z > 0, regret=z,
                          copied_pull=z > 0, copied_beats_own=z > 0, deployed_via_copy=z > 0,
                          deployed_root=z, mu=z)
 
@@ -30,7 +31,8 @@ def _traj(reward, tokens):
 # ----------------------------------------------------------------------------- metrics
 def test_matched_cost_interpolation_by_hand():
     # one seed, T = 3 rounds, N = 2 agents
-    # social: per-round mean rewards 1, 2, 3 -> J = 0, 1, 3, 6; tokens per round 10 -> C = 0,10,20,30
+    # social: per-round mean rewards 1, 2, 3 -> J = 0, 1, 3, 6;
+    #         tokens per round 10 -> C = 0, 10, 20, 30
     social = _traj([[[1, 1], [2, 2], [3, 3]]], [[[5, 5], [5, 5], [5, 5]]])
     # solo: mean rewards 2, 2, 2 -> J = 0, 2, 4, 6; tokens 20, 20, 40 -> C = 0, 20, 40, 80
     solo = _traj([[[2, 2], [2, 2], [2, 2]]], [[[10, 10], [10, 10], [20, 20]]])
@@ -152,13 +154,13 @@ def test_forced_schedule_matches_reference_and_is_shared(closed_runs):
                for t in range(p.num_rounds)]
         np.testing.assert_array_equal(forced[b], np.asarray(ref))
     assert 0.05 < forced.mean() < 0.3
-    # forced agents never observe and pull the arm they just innovated (while arms remain)
+    # forced agents never observe and innovate (while some arm is unknown to them)
     for name in ("hierarchical_ucb", "random"):
         tr = runs[name][1]
-        kinds = np.asarray(tr.learn_kind)
-        assert not (kinds[forced] == sl.OBSERVE).any()
-        innov = forced & (kinds == sl.INNOVATE)
-        assert innov.sum() > 0.5 * forced.sum()
+        kinds, applied = np.asarray(tr.learn_kind), np.asarray(tr.forced_applied)
+        assert (applied <= forced).all() and applied.sum() > 0.5 * forced.sum()
+        assert (kinds[applied] == sl.INNOVATE).all()
+        assert not (np.asarray(tr.requested)[forced & ~applied] == -1).any()
     # the forced agent pulls the innovated arm: it was acquired in that very round
     st, tr = runs["random"]
     b, t, i = np.argwhere(forced & (np.asarray(tr.learn_kind) == sl.INNOVATE))[0]
@@ -201,11 +203,12 @@ def closed_runs():
                      open_arms=False)
     keys = jax.random.split(jax.random.key(3), 3)
     solo = p.replace(social=False)
-    runs = {"solo_ucb": sl.rollout_batch(keys, bl.solo_ucb, solo),
-            "hierarchical_ucb": sl.rollout_batch(keys, bl.hierarchical_ucb, p),
-            "hierarchical_ucb_solo": sl.rollout_batch(keys, bl.hierarchical_ucb, solo),
-            "random": sl.rollout_batch(keys, RANDOM, p),
-            "random_solo": sl.rollout_batch(keys, RANDOM, solo)}
+    run = lambda pol, params: sl.rollout_batch(keys, pol, params, fast_compile=True)
+    runs = {"solo_ucb": run(bl.solo_ucb, solo),
+            "hierarchical_ucb": run(bl.hierarchical_ucb, p),
+            "hierarchical_ucb_solo": run(bl.hierarchical_ucb, solo),
+            "random": run(RANDOM, p),
+            "random_solo": run(RANDOM, solo)}
     return p, keys, runs
 
 
@@ -351,7 +354,8 @@ def test_bad_params_raise_clear_errors():
 
 # ----------------------------------------------------------------------------- entry point
 def test_entry_point_writes_results(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("tournament", os.path.join(REPO, "launch", "tournament.py"))
+    spec = importlib.util.spec_from_file_location(
+        "tournament", os.path.join(REPO, "launch", "tournament.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     cfg_spec = importlib.util.spec_from_file_location(

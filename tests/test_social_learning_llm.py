@@ -10,7 +10,8 @@ from jaxsocial.envs import social_learning as sl
 
 def _view(social=True, learned=""):
     return la.AgentView(agent=1, num_agents=3, num_arms=5, round=4, num_rounds=10, remaining=3000,
-                        repertoire=((0, 1.25, 4, sl.ORIGIN_INNOVATED), (3, 2.5, 1, sl.ORIGIN_COPIED),
+                        repertoire=((0, 1.25, 4, sl.ORIGIN_INNOVATED),
+                                    (3, 2.5, 1, sl.ORIGIN_COPIED),
                                     (4, None, 0, sl.ORIGIN_REVISED)),
                         peers=((0, 3, 2.5), (2, None, None)), social=social, open_arms=False,
                         learned=learned)
@@ -19,7 +20,8 @@ def _view(social=True, learned=""):
 def test_learn_prompt_shows_repertoire_estimates_peers_and_budget():
     text = la.render_learn_prompt(_view())
     for line in ["You are agent 1 of 3", "Round 5 of 10", "Tokens left this round: 3000",
-                 "arm 0: 1.25 over 4 samples (found yourself)", "arm 3: 2.50 over 1 sample (copied)",
+                 "arm 0: 1.25 over 4 samples (found yourself)",
+                 "arm 3: 2.50 over 1 sample (copied)",
                  "arm 4: not tried yet (revised)", "agent 0: arm 3, reward 2.50",
                  "agent 2: has not pulled yet", "LEARN: observe <agent>"]:
         assert line in text, line
@@ -90,7 +92,7 @@ def test_tiny_llm_end_to_end_pays_real_tokens(tiny_agent):
             # the parsed decision is what the env was asked to do
             kind, target, ok = la.parse_learn(lt, 3) if lt else (sl.INNOVATE, 0, True)
             assert int(run.traj.requested[0, t, i]) == kind
-            if run.traj.pulled[0, t, i] and not run.traj.forced[0, t, i]:
+            if run.traj.pulled[0, t, i] and not run.traj.forced_applied[0, t, i]:
                 assert int(run.traj.arm[0, t, i]) == la.parse_pull(pt, 5)[0]
     assert np.asarray(run.traj.pulled).mean() > 0  # some pulls happened
     # a tight budget: learning is paid first, the pull only if its real tokens still fit
@@ -116,7 +118,8 @@ class _Scripted(la.LLMAgent):
     """An LLM agent whose completions are scripted (no model): drives `run`'s bookkeeping."""
 
     def __init__(self, tokenizer, learn, pull):
-        self.tokenizer, self.config, self._grammars = tokenizer, la.LLMAgentConfig(grammar=False), {}
+        self.tokenizer, self._grammars = tokenizer, {}
+        self.config = la.LLMAgentConfig(grammar=False)
         self.eot, self.pad, self.script = 5, 0, {"learn": learn, "pull": pull}
 
     def complete(self, user_messages, key, max_new_tokens, grammar=None):
@@ -131,7 +134,7 @@ def test_malformed_completions_are_counted_not_fatal():
                       pull=["PULL: 1", "PULL: 1", "no idea"])
     p = sl.EnvParams(num_agents=3, num_arms=5, num_rounds=2, open_arms=True)
     run = agent.run(jax.random.split(jax.random.key(1), 1), p)
-    forced = np.asarray(run.traj.forced)
+    forced = np.asarray(run.traj.forced_applied)
     assert run.malformed_learn == 2 * 2 - forced[0, :, 1:].sum()  # agents 1, 2 each round
     assert run.malformed_pull == 2  # agent 2, both rounds
     pulled = np.asarray(run.traj.pulled)[0]

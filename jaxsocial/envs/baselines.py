@@ -208,7 +208,8 @@ def _copy_best_exploit(key, copy, obs, params):
     return sl.exploit_action(jnp.where(use_copy, obs.acquired, mine)), copy
 
 
-copy_best = sl.Policy("copy_best", _copy_best_init, _copy_best_learn, _copy_best_exploit, _no_update)
+copy_best = sl.Policy("copy_best", _copy_best_init, _copy_best_learn, _copy_best_exploit,
+                      _no_update)
 
 
 # ----------------------------------------------------------------------------- discounting observer
@@ -276,7 +277,8 @@ def _disc_update(ps: DiscountState, obs, reward, info, params):
     onehot = (jnp.arange(k)[None, :] == arm[:, None]) & pulled[:, None]
     w_arm = jnp.take_along_axis(ps.w, arm[:, None], 1)[:, 0]
     est_before = jnp.take_along_axis(discount_estimates(ps.s, ps.w), arm[:, None], 1)[:, 0]
-    surprise = pulled & (w_arm > 0) & (jnp.abs(reward - est_before) > SURPRISE_SIGMA * params.noise_std)
+    surprise = pulled & (w_arm > 0) & (
+        jnp.abs(reward - est_before) > SURPRISE_SIGMA * params.noise_std)
     s = (ps.s + jnp.where(onehot, reward[:, None], 0.0)) * DISCOUNT
     w = (ps.w + onehot) * DISCOUNT
     if params.drift == "periodic" and params.reset_on_redraw:

@@ -128,7 +128,8 @@ def render_pull_prompt(v: AgentView) -> str:
 def describe_learning(kind: int, acquired: int, reward: float, target: int, forced: bool) -> str:
     """One line telling the agent what its learning action brought."""
     if forced:
-        return f"This round you had to search on your own: you found arm {acquired}; you must pull it."
+        return (f"This round you had to search on your own: you found arm {acquired}; "
+                "you must pull it.")
     if kind == sl.OBSERVE:
         return f"You observed agent {target}: arm {acquired} gave reward {reward:.2f}."
     if kind == sl.INNOVATE:
@@ -207,12 +208,12 @@ class LLMRun(NamedTuple):
 
 
 def _batched(fn):
-    return jax.jit(jax.vmap(fn, in_axes=(0, 0, 0, None)))
+    return jax.jit(jax.vmap(fn, in_axes=(0, 0, 0, None)), compiler_options=sl.FAST_COMPILE)
 
 
 _LEARN_B = _batched(sl.learn)
 _EXPLOIT_B = _batched(sl.exploit)
-_RESET_B = jax.jit(jax.vmap(sl.reset, in_axes=(0, None)))
+_RESET_B = jax.jit(jax.vmap(sl.reset, in_axes=(0, None)), compiler_options=sl.FAST_COMPILE)
 
 
 class LLMAgent:
@@ -296,7 +297,8 @@ class LLMAgent:
         s_, n, c = keys.shape[0], params.num_agents, self.config
         g_learn, g_pull = self.grammars(params, social)
         _, states = _RESET_B(keys, params)
-        step_keys = jax.vmap(lambda k: jax.random.split(jax.random.fold_in(k, 7), params.num_rounds * 3))(keys)
+        step_keys = jax.vmap(
+            lambda k: jax.random.split(jax.random.fold_in(k, 7), params.num_rounds * 3))(keys)
         recs, samples, logs = [], [], []
         bad_learn = bad_pull = trunc = 0
         host = lambda tree: jax.tree.map(np.asarray, tree)
@@ -309,12 +311,13 @@ class LLMAgent:
             prompts = [render_learn_prompt(v) for row in views for v in row]
             texts, lens, tr = self.complete(prompts, step_keys[0, 3 * t], c.max_learn_tokens,
                                             g_learn)
-            learn_texts = [["" if obs.forced[b, i] else texts[b * n + i] for i in range(n)]
-                           for b in range(s_)]
             kind = np.zeros((s_, n), np.int32)
             target = np.zeros((s_, n), np.int32)
             tokens = np.zeros((s_, n), np.int32)
-            forced = np.asarray(obs.forced)
+            # forced search is imposed while the agent still has never-known arms
+            forced = np.asarray(obs.forced) & (~np.asarray(obs.known)).any(-1)
+            learn_texts = [["" if forced[b, i] else texts[b * n + i] for i in range(n)]
+                           for b in range(s_)]
             for idx, text in enumerate(texts):
                 b, i = divmod(idx, n)
                 if forced[b, i]:  # the env imposes the search; the model is not asked

@@ -20,7 +20,9 @@ from jaxsocial.envs import social_learning as sl
 
 
 def curves(traj: sl.Trajectory) -> tuple[np.ndarray, np.ndarray]:
-    """Cost/reward curves with the origin prepended. traj [..., T, N] -> (C [..., T+1], J [..., T+1]).
+    """Cost/reward curves with the origin prepended.
+
+    traj [..., T, N] -> (C [..., T+1], J [..., T+1]) with
 
     J_t = sum_{s<=t} mean_i r_{s,i};  C_t = sum_{s<=t} sum_i tokens_{s,i}.
     """
@@ -41,7 +43,8 @@ def reward_at_cost(cost: np.ndarray, reward: np.ndarray, c_star: float) -> float
     cost = np.asarray(cost, np.float64)
     reward = np.asarray(reward, np.float64)
     if cost.ndim != 1 or cost.shape != reward.shape:
-        raise ValueError(f"cost and reward must be equal 1-D curves, got {cost.shape} and {reward.shape}")
+        raise ValueError(f"cost and reward must be equal 1-D curves, got {cost.shape} and "
+                         f"{reward.shape}")
     if np.any(np.diff(cost) < 0):
         raise ValueError("cost curve must be non-decreasing")
     i = int(np.searchsorted(cost, c_star, side="right")) - 1  # last point with cost <= C*

@@ -34,7 +34,6 @@ Lineage: for every (agent, arm) the env keeps how the arm was acquired (origin),
 """
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import chex
@@ -132,7 +131,8 @@ class EnvParams:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.budget < 0 or not 0 <= self.reserve <= max(self.budget, 0):
-            raise ValueError(f"need 0 <= reserve <= budget, got reserve={self.reserve}, budget={self.budget}")
+            raise ValueError(f"need 0 <= reserve <= budget, got reserve={self.reserve}, "
+                             f"budget={self.budget}")
         for name in ("cost_skip", "cost_innovate", "cost_revise", "cost_observe", "cost_exploit"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -268,10 +268,20 @@ def seed_from_key(key) -> jax.Array:
 
 
 def random_choice_mask(key, mask: jax.Array) -> jax.Array:
-    """Uniform index among True entries of the last axis. mask [..., K] -> [...] int32 (-1 if none)."""
-    u = jax.random.uniform(key, mask.shape)
+    """Uniform index among the True entries of the last axis: [..., K] -> [...] int32 (-1: none)."""
+    return choice_from_uniform(jax.random.uniform(key, mask.shape), mask)
+
+
+def choice_from_uniform(u: jax.Array, mask: jax.Array) -> jax.Array:
+    """argmax of iid uniforms u over the True entries of mask (a uniform choice); -1 if none."""
     idx = jnp.argmax(jnp.where(mask, u, -1.0), axis=-1).astype(jnp.int32)
     return jnp.where(mask.any(-1), idx, -1)
+
+
+def normal_from_uniform(u1: jax.Array, u2: jax.Array) -> jax.Array:
+    """Box-Muller: two iid U[0, 1) -> one N(0, 1). (One threefry block per phase instead of a
+    generator call per variable keeps the compiled program small.)"""
+    return jnp.sqrt(-2.0 * jnp.log1p(-u1)) * jnp.cos(2.0 * jnp.pi * u2)
 
 
 def draw_means(key, params: EnvParams) -> jax.Array:
@@ -361,9 +371,14 @@ def learn(key, state: EnvState, action: LearnAction, params: EnvParams):
     n, k = params.num_agents, params.num_arms
     chex.assert_shape([action.kind, action.target, action.tokens], (n,))
     agents = jnp.arange(n)
-    k_innov, k_rev, k_err, k_errarm, k_noise = jax.random.split(key, 5)
+    kk = max(k, 6)
+    u = jax.random.uniform(key, (3, n, kk))  # every draw of this phase, one block
+    u_innov, u_any, u_misc = u[0, :, :k], u[1, :, :k], u[2]
 
-    kind = jnp.where(state.forced, INNOVATE, action.kind.astype(jnp.int32))
+    # forced search applies while some arm is still unknown to the agent
+    scheduled = state.forced
+    forced = scheduled & (~state.known).any(-1)
+    kind = jnp.where(forced, INNOVATE, action.kind.astype(jnp.int32))
     bad_kind = (kind < 0) | (kind > OBSERVE)
     kind = jnp.where(bad_kind, SKIP, kind)
     costs = jnp.asarray(params.learn_costs, jnp.int32)
@@ -374,28 +389,30 @@ def learn(key, state: EnvState, action: LearnAction, params: EnvParams):
 
     known = state.known
     # INNOVATE: a uniformly random never-known arm.
-    innov_arm = random_choice_mask(k_innov, ~known)
+    innov_arm = choice_from_uniform(u_innov, ~known)
     # REVISE: from own best (highest mean estimate among sampled arms, else any known arm) to a
     # ring neighbour, preferring one not yet known.
     mean = state.est_sum / jnp.maximum(state.est_count, 1)
     sampled = known & (state.est_count > 0)
     best_sampled = jnp.argmax(jnp.where(sampled, mean, -jnp.inf), axis=-1)
-    any_known_arm = random_choice_mask(jax.random.fold_in(k_rev, 1), known)
+    any_known_arm = choice_from_uniform(u_any, known)
     best = jnp.where(sampled.any(-1), best_sampled, any_known_arm).astype(jnp.int32)
     nbrs = jnp.stack([(best - 1) % k, (best + 1) % k], -1)  # [N, 2]
     nbr_new = ~jnp.take_along_axis(known, nbrs, axis=1)
-    pick = random_choice_mask(k_rev, jnp.where(nbr_new.any(-1, keepdims=True), nbr_new, True))
+    pick = choice_from_uniform(u_misc[:, :2],
+                               jnp.where(nbr_new.any(-1, keepdims=True), nbr_new, True))
     rev_arm = jnp.take_along_axis(nbrs, pick[:, None], axis=1)[:, 0]
     # OBSERVE j: j's last arm and reward from the frozen snapshot.
     target = jnp.clip(action.target, 0, n - 1)
     tgt_ok = (action.target >= 0) & (action.target < n) & (action.target != agents)
     obs_arm = state.last_arm[target]
     can_observe = params.social & tgt_ok & (obs_arm >= 0)
-    miscopy = jax.random.uniform(k_err, (n,)) < params.copy_error
+    miscopy = u_misc[:, 2] < params.copy_error
     # copy error: a uniformly random arm other than the one observed
-    shift = jax.random.randint(k_errarm, (n,), 1, k)
+    shift = 1 + jnp.minimum(jnp.floor(u_misc[:, 3] * (k - 1)).astype(jnp.int32), k - 2)
     obs_arm_got = jnp.where(miscopy, (obs_arm + shift) % k, obs_arm)
-    obs_reward = state.last_reward[target] + params.obs_noise * jax.random.normal(k_noise, (n,))
+    obs_reward = state.last_reward[target] + params.obs_noise * normal_from_uniform(
+        u_misc[:, 4], u_misc[:, 5])
 
     possible = jnp.select(
         [kind == INNOVATE, kind == REVISE, kind == OBSERVE],
@@ -417,7 +434,6 @@ def learn(key, state: EnvState, action: LearnAction, params: EnvParams):
     origin_new = jnp.select(
         [performed == INNOVATE, performed == REVISE, is_obs & ~miscopy, is_obs & miscopy],
         [ORIGIN_INNOVATED, ORIGIN_REVISED, ORIGIN_COPIED, ORIGIN_MISCOPIED], default=ORIGIN_NONE)
-    safe_arm = jnp.maximum(arm, 0)
     src_root = state.root[target, jnp.maximum(obs_arm, 0)]
     src_via = state.via_copy[target, jnp.maximum(obs_arm, 0)]
     par_root = state.root[agents, best]
@@ -439,11 +455,11 @@ def learn(key, state: EnvState, action: LearnAction, params: EnvParams):
         learn_kind=performed,
         acquired=arm,
         acquired_reward=jnp.where(is_obs, obs_reward, 0.0).astype(jnp.float32),
+        forced=forced,
     )
-    del safe_arm
     info = dict(requested=action.kind.astype(jnp.int32), learn_kind=performed, learn_ok=ok,
                 learn_invalid=invalid, learn_unaffordable=~affordable, learn_tokens=spent_learn,
-                forced=state.forced, new_arm=new.any(-1))
+                forced=scheduled, forced_applied=forced, new_arm=new.any(-1))
     return _obs(state), state, info
 
 
@@ -456,7 +472,8 @@ def exploit(key, state: EnvState, action: ExploitAction, params: EnvParams):
     n, k = params.num_agents, params.num_arms
     chex.assert_shape([action.arm, action.tokens], (n,))
     agents = jnp.arange(n)
-    k_pull, k_drift, k_which = jax.random.split(key, 3)
+    u = jax.random.uniform(key, (2, n))
+    k_drift = jax.random.fold_in(key, 1)  # only drawn from when the means drift
 
     arm = jnp.where(action.arm == PULL_ACQUIRED, state.acquired, action.arm).astype(jnp.int32)
     # Forced search must pull the innovated arm.
@@ -476,7 +493,7 @@ def exploit(key, state: EnvState, action: ExploitAction, params: EnvParams):
     pulled = valid_arm & affordable & (wants_pull | forced_pull)
     spent_exploit = jnp.maximum(jnp.minimum(costs_e, remaining), 0)
 
-    r = state.mu[safe] + params.noise_std * jax.random.normal(k_pull, (n,))
+    r = state.mu[safe] + params.noise_std * normal_from_uniform(u[0], u[1])
     reward = jnp.where(pulled, r, 0.0).astype(jnp.float32)
     onehot = (jnp.arange(k)[None, :] == safe[:, None]) & pulled[:, None]
     # Pulling a never-known arm (open_arms) is an independent discovery.
@@ -485,7 +502,8 @@ def exploit(key, state: EnvState, action: ExploitAction, params: EnvParams):
     root_at = jnp.where(new.any(-1), agents, state.root[agents, safe])
 
     # Copied-vs-own-best, evaluated on true means at the pull.
-    self_found = state.known & ((state.origin == ORIGIN_INNOVATED) | (state.origin == ORIGIN_REVISED))
+    self_found = state.known & ((state.origin == ORIGIN_INNOVATED)
+                                | (state.origin == ORIGIN_REVISED))
     own_best_mu = jnp.max(jnp.where(self_found, state.mu[None, :], -jnp.inf), axis=-1)
     copied_pull = pulled & (state.origin[agents, safe] == ORIGIN_COPIED) & self_found.any(-1)
     copied_beats = copied_pull & (state.mu[safe] > own_best_mu)
@@ -510,8 +528,9 @@ def exploit(key, state: EnvState, action: ExploitAction, params: EnvParams):
         redrawn = (t_next % params.period) == 0
         mu = jnp.where(redrawn, draw_means(k_drift, params), mu)
     elif params.drift == "per_arm":
+        k_which, k_new = jax.random.split(k_drift)
         change = jax.random.uniform(k_which, (k,)) < params.p_change
-        mu = jnp.where(change, draw_means(k_drift, params), mu)
+        mu = jnp.where(change, draw_means(k_new, params), mu)
     est_sum = state.est_sum + jnp.where(onehot, r[:, None], 0.0)
     est_count = state.est_count + onehot.astype(jnp.int32)
     if params.reset_on_redraw and params.drift == "periodic":
@@ -565,7 +584,8 @@ class Trajectory(NamedTuple):
     learn_kind: jax.Array  # [T, N] int32 performed
     requested: jax.Array  # [T, N] int32
     learn_invalid: jax.Array  # [T, N] bool
-    forced: jax.Array  # [T, N] bool
+    forced: jax.Array  # [T, N] bool scheduled forced search (identical for matched seeds)
+    forced_applied: jax.Array  # [T, N] bool forced search imposed (scheduled, arms left)
     regret: jax.Array  # [T, N]
     copied_pull: jax.Array  # [T, N] bool
     copied_beats_own: jax.Array  # [T, N] bool
@@ -589,10 +609,10 @@ def round_fn(key, state: EnvState, obs: Observation, pstate, policy: Policy, par
 def rollout(key, policy: Policy, params: EnvParams, seed=None):
     """Play one population for T rounds. -> (final EnvState, Trajectory).
 
-    The env reset uses `fold_in(key, 0)`, so two policies rolled out with the same key face the
+    The env is reset with `key` itself, so two policies rolled out with the same key face the
     same arm means and forced-search schedule (matched populations).
     """
-    k_reset, k_pol, k_run = jax.random.split(key, 3)
+    _, k_pol, k_run = jax.random.split(key, 3)
     obs, state = reset(key, params, seed)
     pstate = policy.init(k_pol, params)
 
@@ -604,26 +624,37 @@ def rollout(key, policy: Policy, params: EnvParams, seed=None):
 
     keys = jax.random.split(k_run, params.num_rounds)
     (state, _, _), traj = jax.lax.scan(body, (state, obs, pstate), keys)
-    del k_reset
     return state, traj
 
 
-@functools.partial(jax.jit, static_argnames=("policy",))
-def _rollout_batch(keys, policy: Policy, params: EnvParams):
+# XLA CPU spends most of a small program's compile time in LLVM optimisation; level 0 compiles
+# ~3x faster and runs a few times slower: the right trade for tests and one-off interactive use.
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+def _rollout_batch_impl(keys, policy: Policy, params: EnvParams):
     return jax.vmap(lambda k: rollout(k, policy, params))(keys)
 
 
-def rollout_batch(keys, policy: Policy, params: EnvParams):
+_rollout_batch = jax.jit(_rollout_batch_impl, static_argnames=("policy",))
+_rollout_batch_fast = jax.jit(_rollout_batch_impl, static_argnames=("policy",),
+                              compiler_options=FAST_COMPILE)
+
+
+def rollout_batch(keys, policy: Policy, params: EnvParams, fast_compile: bool = False):
     """Vectorised over populations (jitted; one program per policy and static settings).
 
-    keys [B] -> (EnvState with leading B, Trajectory [B, T, ...]).
+    keys [B] -> (EnvState with leading B, Trajectory [B, T, ...]). fast_compile: compile with
+    `FAST_COMPILE` (tests, small runs) instead of full optimisation (benchmarks, sweeps).
     """
     params.validate()
-    return _rollout_batch(keys, policy, params)
+    fn = _rollout_batch_fast if fast_compile else _rollout_batch
+    return fn(keys, policy, params)
 
 
-# Jitted single-population phases (params is a pytree argument; its static fields key the cache).
-reset_jit = jax.jit(reset)
-learn_jit = jax.jit(learn)
-exploit_jit = jax.jit(exploit)
-step_jit = jax.jit(step)
+# Jitted single-population phases (params is a pytree argument; its static fields key the
+# cache), compiled for a short compile: interactive loops (LLM agents) and tests.
+reset_jit = jax.jit(reset, compiler_options=FAST_COMPILE)
+learn_jit = jax.jit(learn, compiler_options=FAST_COMPILE)
+exploit_jit = jax.jit(exploit, compiler_options=FAST_COMPILE)
+step_jit = jax.jit(step, compiler_options=FAST_COMPILE)
