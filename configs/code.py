@@ -25,18 +25,7 @@ def get_config(arg=None):
     c.code = dict(enabled=True, bonus=1.0, timeout_s=5.0, memory_mb=256)
     c.train.epochs = 2
     if arg == "smoke":
-        c.model.preset = "tiny"
-        c.model.require_checkpoint = False
-        c.model.dtype = c.model.param_dtype = "float32"
-        c.agents.num_agents = 4
-        c.society.update(num_users=256, num_personas=4, embed_dim=16, post_capacity=256,
-                         content_len=24, num_seed_posts=32, feed_size=3, pool_size=32,
-                         max_active=32, crowd_budget=64)
-        c.rollout.ticks_per_epoch = 2
-        c.rollout.max_new_tokens = 32
-        c.reward.horizon = 2
-        c.rl.ppo_epochs = 1
-        c.train.epochs = 1
+        defaults.smoke(c, content_len=24, max_new_tokens=32)
     elif arg:
         raise ValueError(f"unknown code variant {arg!r}; use configs/code.py or :smoke")
     return c

@@ -41,15 +41,7 @@ def get_config(arg=None):
     c.train.epochs = 12
     c.train.checkpoint_every = 2
     if arg == "smoke":
-        c.agents.num_agents = 4
-        c.society.update(num_users=256, post_capacity=256, num_seed_posts=32, pool_size=32,
-                         max_active=32, crowd_budget=64)
-        c.rollout.ticks_per_epoch = 2
-        c.rollout.max_new_tokens = 8
-        c.rl.ppo_epochs = 1
-        c.rl.minibatches = 1
-        c.train.epochs = 1
-        c.train.checkpoint_every = 1
+        defaults.smoke(c)
     elif arg:
         raise ValueError(f"unknown demo variant {arg!r}; use configs/demo.py or :smoke")
     return c

@@ -34,19 +34,7 @@ def get_config(arg=None):
     c.train.epochs = 2
     c.mesh.shape = (-1, 1, 1)
     if arg == "smoke":
-        c.model.preset = "tiny"
-        c.model.require_checkpoint = False
-        c.model.dtype = c.model.param_dtype = "float32"
-        c.agents.num_agents = 4
-        c.society.update(num_users=256, num_personas=4, embed_dim=16, post_capacity=256,
-                         content_len=12, num_seed_posts=32, feed_size=3, pool_size=32,
-                         max_active=32, crowd_budget=64)
-        c.rollout.ticks_per_epoch = 2
-        c.rollout.max_new_tokens = 8
-        c.reward.horizon = 2
-        c.rl.ppo_epochs = 1
-        c.rl.minibatches = 1
-        c.train.epochs = 1
+        defaults.smoke(c)
     elif arg:
         raise ValueError(f"unknown general variant {arg!r}; use configs/general.py or :smoke")
     return c

@@ -30,6 +30,7 @@ PROBLEMS = (
 )
 
 TEXTS = tuple(p["text"] for p in PROBLEMS)
+_SENTINEL = "__jaxsocial_tests_passed__"
 
 
 def extract_code(answer: str) -> str:
@@ -40,9 +41,12 @@ def extract_code(answer: str) -> str:
 
 def verify(answers: Sequence[str], problem_ids: Sequence[int], timeout_s: float = 5.0,
            memory_mb: int = 256) -> np.ndarray:
-    """[M] bool: answer m passes the tests of problem problem_ids[m] in the sandbox."""
+    """[M] bool: answer m passes the tests of problem problem_ids[m] in the sandbox.
+
+    Passing needs exit 0 *and* a sentinel printed after the tests, so an answer that exits
+    early (`os._exit(0)`) is not rewarded."""
     from jaxsocial.eval import sandbox
-    programs = [extract_code(a) + "\n\n" + PROBLEMS[p]["tests"] + "\n"
+    programs = [extract_code(a) + "\n\n" + PROBLEMS[p]["tests"] + f"\nprint({_SENTINEL!r})\n"
                 for a, p in zip(answers, problem_ids)]
     results = sandbox.run_many(programs, timeout_s=timeout_s, memory_mb=memory_mb)
-    return np.asarray([r.status == "passed" for r in results], bool)
+    return np.asarray([r.status == "passed" and _SENTINEL in r.stdout for r in results], bool)

@@ -67,6 +67,26 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
+def smoke(c: ml_collections.ConfigDict, content_len: int = 12,
+          max_new_tokens: int = 8) -> ml_collections.ConfigDict:
+    """The `:smoke` variant of any config: tiny random Llama, 4 agents, 2 ticks, one update."""
+    c.model.preset = "tiny"
+    c.model.require_checkpoint = False
+    c.model.dtype = c.model.param_dtype = "float32"
+    c.agents.num_agents = 4
+    c.society.update(num_users=256, embed_dim=16, post_capacity=256, content_len=content_len,
+                     num_seed_posts=32, feed_size=3, pool_size=32, max_active=32,
+                     crowd_budget=64)
+    c.rollout.ticks_per_epoch = 2
+    c.rollout.max_new_tokens = max_new_tokens
+    c.reward.horizon = 2
+    c.rl.ppo_epochs = 1
+    c.rl.minibatches = 1
+    c.train.epochs = 1
+    c.train.checkpoint_every = 1
+    return c
+
+
 # Text of crowd and seed posts (the crowd simulator creates posts without tokens).
 CROWD_TEXTS = (
     "Just shipped a new release of my side project!",
