@@ -50,7 +50,7 @@ def ucb_pick(key, est_sum, est_count, known):
     """
     untried = known & (est_count == 0)
     rnd = sl.random_choice_mask(key, untried)
-    best = jnp.argmax(ucb_scores(est_sum, est_count, known), -1).astype(jnp.int32)
+    best = sl.argmax_last(ucb_scores(est_sum, est_count, known))
     best = jnp.where(known.any(-1), best, -1)
     return jnp.where(untried.any(-1), rnd, best)
 
@@ -137,7 +137,7 @@ def _hier_learn(key, ps: HierState, obs, params):
     # statistics reset when all means were redrawn
     ps = jax.tree.map(lambda x: jnp.where(obs.redrawn, jnp.zeros_like(x), x), ps)
     eligible = _eligible_peers(obs, params) & ~obs.forced[:, None]
-    choice = jnp.argmax(hier_outer_scores(ps.src_sum, ps.src_count, eligible), -1).astype(jnp.int32)
+    choice = sl.argmax_last(hier_outer_scores(ps.src_sum, ps.src_count, eligible))
     peer = choice != agents
     kind = jnp.where(peer, sl.OBSERVE, solo_learn_kind(obs, params))
     # choosing peer j credits j's (snapshot) reward to j's source stats now
@@ -177,7 +177,7 @@ def own_best(est_sum, est_count, known):
     """-> (best mean [N] (-inf if nothing sampled), its arm [N] (-1))."""
     sampled = known & (est_count > 0)
     mean = jnp.where(sampled, est_sum / jnp.maximum(est_count, 1), -jnp.inf)
-    arm = jnp.argmax(mean, -1).astype(jnp.int32)
+    arm = sl.argmax_last(mean)
     return jnp.max(mean, -1), jnp.where(sampled.any(-1), arm, -1)
 
 
@@ -188,7 +188,7 @@ def _copy_best_init(key, params):
 def _copy_best_learn(key, pstate, obs, params):
     eligible = _eligible_peers(obs, params)
     scores = jnp.where(eligible, obs.last_reward[None, :], -jnp.inf)
-    target = jnp.argmax(scores, -1).astype(jnp.int32)
+    target = sl.argmax_last(scores)
     has = eligible.any(-1)
     best_val, _ = own_best(obs.est_sum, obs.est_count, obs.known)
     copy = has & (obs.last_reward[target] > best_val)
@@ -263,7 +263,7 @@ def _disc_exploit(key, ps: DiscountState, obs, params):
     est = jnp.where(obs.known & (w > 0), discount_estimates(s, w), -jnp.inf)
     untried = obs.known & (w == 0)
     rnd = sl.random_choice_mask(key, untried)
-    best = jnp.argmax(est, -1).astype(jnp.int32)
+    best = sl.argmax_last(est)
     arm = jnp.where(untried.any(-1), rnd, best)
     arm = jnp.where(obs.known.any(-1), arm, sl.PULL_NONE)
     ps = ps.replace(s=s, w=w, since_obs=jnp.where(got, 0, ps.since_obs))

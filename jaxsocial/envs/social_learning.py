@@ -272,9 +272,19 @@ def random_choice_mask(key, mask: jax.Array) -> jax.Array:
     return choice_from_uniform(jax.random.uniform(key, mask.shape), mask)
 
 
+def argmax_last(x: jax.Array) -> jax.Array:
+    """jnp.argmax(x, -1) (first maximal index) as max + min reductions: [..., K] -> [...] int32.
+
+    XLA CPU lowers argmax to a variadic reduce that is about twice as slow on these shapes.
+    """
+    m = jnp.max(x, axis=-1, keepdims=True)
+    iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    return jnp.min(jnp.where(x == m, iota, x.shape[-1]), axis=-1).clip(0, x.shape[-1] - 1)
+
+
 def choice_from_uniform(u: jax.Array, mask: jax.Array) -> jax.Array:
     """argmax of iid uniforms u over the True entries of mask (a uniform choice); -1 if none."""
-    idx = jnp.argmax(jnp.where(mask, u, -1.0), axis=-1).astype(jnp.int32)
+    idx = argmax_last(jnp.where(mask, u, -1.0))
     return jnp.where(mask.any(-1), idx, -1)
 
 
@@ -394,7 +404,7 @@ def learn(key, state: EnvState, action: LearnAction, params: EnvParams):
     # ring neighbour, preferring one not yet known.
     mean = state.est_sum / jnp.maximum(state.est_count, 1)
     sampled = known & (state.est_count > 0)
-    best_sampled = jnp.argmax(jnp.where(sampled, mean, -jnp.inf), axis=-1)
+    best_sampled = argmax_last(jnp.where(sampled, mean, -jnp.inf))
     any_known_arm = choice_from_uniform(u_any, known)
     best = jnp.where(sampled.any(-1), best_sampled, any_known_arm).astype(jnp.int32)
     nbrs = jnp.stack([(best - 1) % k, (best + 1) % k], -1)  # [N, 2]
