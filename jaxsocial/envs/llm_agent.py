@@ -309,8 +309,8 @@ class LLMAgent:
             views = [[agent_view(pop(obs, b), pop(hstates, b), i, params, social) for i in range(n)]
                      for b in range(s_)]
             prompts = [render_learn_prompt(v) for row in views for v in row]
-            texts, lens, tr = self.complete(prompts, step_keys[0, 3 * t], c.max_learn_tokens,
-                                            g_learn)
+            texts, lens, tr = self.complete(prompts, jax.random.fold_in(step_keys[0, 3 * t], 1),
+                                            c.max_learn_tokens, g_learn)
             kind = np.zeros((s_, n), np.int32)
             target = np.zeros((s_, n), np.int32)
             tokens = np.zeros((s_, n), np.int32)
@@ -338,8 +338,9 @@ class LLMAgent:
                                                    bool(forced[b, i])))
                       for i in range(n)] for b in range(s_)]
             prompts = [render_pull_prompt(v) for row in views for v in row]
-            texts, lens, tr = self.complete(prompts, step_keys[0, 3 * t + 2], c.max_pull_tokens,
-                                            g_pull)
+            # generation keys come from their own stream (fold_in), never reused by the env
+            texts, lens, tr = self.complete(prompts, jax.random.fold_in(step_keys[0, 3 * t], 2),
+                                            c.max_pull_tokens, g_pull)
             logs.append((learn_texts, [texts[b * n:(b + 1) * n] for b in range(s_)]))
             arm = np.full((s_, n), sl.PULL_NONE, np.int32)
             for idx, text in enumerate(texts):
