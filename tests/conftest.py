@@ -6,3 +6,31 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+_LAUNCHER_FLAGS = set()
+
+
+def load_launcher(relpath):
+    """Import a `launch/*.py` script as a module (for calling its functions in a test).
+
+    Launchers define absl flags at import time on the global FLAGS; the flags a previously
+    loaded launcher defined are removed first, so one test session can load several.
+    """
+    import importlib.util
+
+    from absl import flags
+
+    for name in list(_LAUNCHER_FLAGS):
+        if name in flags.FLAGS:
+            delattr(flags.FLAGS, name)
+    _LAUNCHER_FLAGS.clear()
+    before = set(flags.FLAGS)
+    module = "launcher_" + os.path.splitext(os.path.basename(relpath))[0]
+    spec = importlib.util.spec_from_file_location(module, os.path.join(ROOT, relpath))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    _LAUNCHER_FLAGS.update(set(flags.FLAGS) - before)
+    return mod

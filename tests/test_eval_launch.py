@@ -19,11 +19,8 @@ DATA = os.path.join(ROOT, "tests", "fixtures", "eval", "data")
 
 
 def _launch():
-    spec = importlib.util.spec_from_file_location("launch_eval",
-                                                  os.path.join(ROOT, "launch", "eval.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from conftest import load_launcher
+    return load_launcher("launch/eval.py")
 
 
 def _ckpt(path, seed):

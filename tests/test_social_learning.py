@@ -354,10 +354,8 @@ def test_bad_params_raise_clear_errors():
 
 # ----------------------------------------------------------------------------- entry point
 def test_entry_point_writes_results(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location(
-        "tournament", os.path.join(REPO, "launch", "tournament.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from conftest import load_launcher
+    mod = load_launcher("launch/tournament.py")
     cfg_spec = importlib.util.spec_from_file_location(
         "sl_config", os.path.join(REPO, "configs", "social_learning.py"))
     cfg_mod = importlib.util.module_from_spec(cfg_spec)

@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+from conftest import load_launcher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -17,7 +18,7 @@ def _load(name, path):
 
 @pytest.fixture(scope="module")
 def sim():
-    return _load("simulate_launch", "launch/simulate.py")  # defines absl flags: load once
+    return load_launcher("launch/simulate.py")  # defines absl flags: load once
 
 
 def test_simulate_tiny_writes_metrics_and_summary(tmp_path, sim):
