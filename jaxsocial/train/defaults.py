@@ -43,6 +43,7 @@ def base_config() -> ml_collections.ConfigDict:
         ticks_per_epoch=8, max_new_tokens=16, temperature=0.7, top_k=0, top_p=1.0))
     c.reward = ml_collections.ConfigDict(dict(
         horizon=4,           # H ticks after creation
+        settle=True,         # H-1 crowd-only ticks end each epoch so every post sees its horizon
         like=1.0, repost=0.0, comment=0.0, new_followers=0.0,
         non_post=0.0,        # score of a trajectory that created no post
         non_post_baseline=False,  # True: it gets the epoch's mean post score instead

@@ -227,10 +227,14 @@ class SocialRL:
         return sharding.put_global(state, self.state_shardings(state))
 
     def state_shardings(self, state: RunState):
+        """Shardings of a RunState: every subtree shaped like the model's weights (policy,
+        reference, Adam moments) by the logical-axis rules, everything else replicated."""
         mesh = self.mesh
-        _, model_state = nnx.split(nnx.eval_shape(lambda: llama.Llama(
-            self.model_config, rngs=nnx.Rngs(0))))
-        weight_sh = nnx.to_pure_dict(sharding.state_shardings(model_state, mesh))
+        if getattr(self, "_weight_sh", None) is None:
+            _, model_state = nnx.split(nnx.eval_shape(lambda: llama.Llama(
+                self.model_config, rngs=nnx.Rngs(0))))
+            self._weight_sh = nnx.to_pure_dict(sharding.state_shardings(model_state, mesh))
+        weight_sh = self._weight_sh
         rep = sharding.replicated(mesh)
 
         def weights_like(tree):
@@ -334,7 +338,7 @@ class SocialRL:
 
         (soc, key), (ys, rec) = jax.lax.scan(agent_tick, (soc, key), None,
                                               length=int(self.config.rollout.ticks_per_epoch))
-        settle = int(self.config.reward.horizon) - 1 if self.config.reward.get("settle", True) else 0
+        settle = int(self.config.reward.horizon) - 1 if self.config.reward.settle else 0
         if settle > 0:
             (soc, key), rec_s = jax.lax.scan(settle_tick, (soc, key), None, length=settle)
             rec = jax.tree.map(lambda x, y: jnp.concatenate([x, y]), rec, rec_s)
