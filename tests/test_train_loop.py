@@ -174,3 +174,25 @@ def test_two_processes_agree_with_one(smoke_full, tmp_path):
     np.testing.assert_allclose(got[0]["ppo"]["loss"], recs[0]["ppo"]["loss"], rtol=1e-4,
                                atol=1e-6)
     assert "1" in os.listdir(tmp_path / "mh" / "checkpoints")
+
+
+def test_lora_epoch_trains_adapters_only():
+    c = load_config("demo", "smoke")
+    c.rl.lora_rank = 4
+    c.mesh.shape = (1, 1, 1)
+    # A score that differs between answers (the smoke society is too small for likes), so the
+    # advantages, and hence the adapter gradients, are non-zero.
+    c.reward.non_post_baseline = False
+    c.reward.non_post = 1.0
+    run = loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    state = run.init_state()
+    ref_before = jax.device_get(state.train.ref_params)
+    adapters_before = jax.device_get(state.train.params["policy"])
+    state, metrics, _ = run.run_epoch(state)
+    assert metrics["parse_failures"] == 0 and metrics["logprob_gap"] < 1e-4
+    # The base (= reference) is frozen; only adapters (and the value head) move.
+    for a, b in zip(jax.tree.leaves(ref_before), jax.tree.leaves(state.train.ref_params)):
+        np.testing.assert_array_equal(a, b)
+    moved = [not np.allclose(a, b) for a, b in
+             zip(jax.tree.leaves(adapters_before), jax.tree.leaves(state.train.params["policy"]))]
+    assert any(moved)

@@ -54,7 +54,8 @@ def base_config() -> ml_collections.ConfigDict:
         lr=3e-6, warmup_steps=0, max_grad_norm=1.0, weight_decay=0.0,
         ppo_epochs=4, minibatches=1, clip_eps=0.2, value_clip=0.2, vf_coef=0.1,
         entropy_coef=0.0, gamma=1.0, lam=0.95, kl_coef=0.05, kl_estimator="k1",
-        adaptive_kl=False, value_mode="head"))
+        adaptive_kl=False, value_mode="head",
+        lora_rank=0, lora_alpha=16.0))  # lora_rank > 0: train adapters only (ref = base)
     c.train = ml_collections.ConfigDict(dict(
         epochs=4, checkpoint_every=1, keep_checkpoints=3, log_samples=4, export_hf=True))
     # Verifiable bonus for answers to programming problems (configs/code.py).

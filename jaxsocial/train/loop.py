@@ -166,8 +166,13 @@ class SocialRL:
             top_k=int(c.rollout.top_k), top_p=float(c.rollout.top_p),
             stop_token_ids=self.stop_ids, prompt_bucket=self.template.max_len)
         self.rl_config = self._rl_config(c)
+        lora = None
+        if int(c.rl.lora_rank) > 0:
+            from jaxsocial.rl import lora as lora_lib
+            lora = lora_lib.LoraConfig(rank=int(c.rl.lora_rank), alpha=float(c.rl.lora_alpha))
         pdef, params, ref = policy_lib.init_policy(
-            model, value_mode="none" if c.rl.algo == "grpo" else c.rl.value_mode)
+            model, jax.random.key(int(c.seed) + 1), lora=lora,
+            value_mode="none" if c.rl.algo == "grpo" else c.rl.value_mode)
         self.pdef = pdef
         self._init_params, self._init_ref = params, ref
         make = grpo_lib.make_update if c.rl.algo == "grpo" else ppo_lib.make_update
