@@ -68,6 +68,9 @@ class LlamaConfig:
     pad_token_id: Optional[int] = None
     dtype: str = "float32"
     param_dtype: str = "float32"
+    # Rematerialise each decoder layer in the backward pass (full-sequence forwards only):
+    # activation memory drops from all layers' intermediates to their inputs.
+    remat: bool = False
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -417,8 +420,15 @@ class Llama(nnx.Module):
 
         # Gather, then cast: casting the whole [V, H] table every call costs V*H per step.
         x = self.embed_tokens[...][input_ids].astype(dt)
-        for layer, kv_fn in zip(self.layers, kv_fns):
-            x = layer(x, positions, inv_freq, bias, kv_fn)
+        if cfg.remat and cache is None:
+            def run_layer(layer, x, positions, bias):
+                return layer(x, positions, inv_freq, bias, kv_fns[0])
+            run_layer = nnx.remat(run_layer)
+            for layer in self.layers:
+                x = run_layer(layer, x, positions, bias)
+        else:
+            for layer, kv_fn in zip(self.layers, kv_fns):
+                x = layer(x, positions, inv_freq, bias, kv_fn)
         hidden = self.norm(x)
         if cache is not None:
             new_cache = KVCache(k=tuple(store["k"]), v=tuple(store["v"]), mask=slot_mask,

@@ -93,8 +93,10 @@ def _model(config, tokenizer) -> llama.Llama:
                          f"--config=configs/demo.py")
     if m.checkpoint:
         model = llama.from_pretrained(m.checkpoint, dtype=m.dtype, param_dtype=m.param_dtype)
+        model.config = model.config.replace(remat=bool(m.remat))
     else:
-        cfg = llama.preset(m.preset, dtype=m.dtype, param_dtype=m.param_dtype)
+        cfg = llama.preset(m.preset, dtype=m.dtype, param_dtype=m.param_dtype,
+                           remat=bool(m.remat))
         model = llama.Llama(cfg, rngs=nnx.Rngs(int(config.seed)))
     if len(tokenizer) > model.config.vocab_size:
         raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the model's embedding has "
