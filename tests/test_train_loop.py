@@ -8,6 +8,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -196,3 +197,23 @@ def test_lora_epoch_trains_adapters_only():
     moved = [not np.allclose(a, b) for a, b in
              zip(jax.tree.leaves(adapters_before), jax.tree.leaves(state.train.params["policy"]))]
     assert any(moved)
+
+
+def test_a_random_subset_of_agents_acts_each_tick():
+    c = load_config("demo", "smoke")
+    c.agents.active_per_tick = 2
+    run = loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    state = run.init_state()
+    key = jax.random.key(3)
+    soc, ro = run._rollout(state.train.params, state.train.ref_params, state.society, key)
+    agents = np.asarray(ro.agent)
+    assert agents.shape == (c.rollout.ticks_per_epoch, 2) and ro.tokens.shape[1] == 2
+    assert all(len(set(row)) == 2 and set(row) <= set(range(4)) for row in agents)
+    # Each created post is authored by the agent whose trajectory created it.
+    created = np.asarray(ro.created_id)
+    alive = np.asarray(soc.posts.alive(jnp.asarray(created)))
+    authors = np.asarray(soc.posts.author)[np.maximum(created, 0) % soc.posts.capacity]
+    assert ((authors == agents) | ~alive).all()
+    with pytest.raises(ValueError, match="active_per_tick=5"):
+        c.agents.active_per_tick = 5
+        loop.SocialRL(c)

@@ -28,6 +28,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.tokenizer = ""
     c.agents = ml_collections.ConfigDict(dict(
         num_agents=16,
+        active_per_tick=0,        # agents acting per tick (a random subset); 0 = all of them
         personas=PERSONAS,        # cycled over agents
         instruction=INSTRUCTION,
         footer=FOOTER,

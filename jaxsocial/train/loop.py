@@ -59,8 +59,10 @@ class RunState:
 
 @struct.dataclass
 class Rollout:
-    """Per tick t and agent a (leading dims [T, A]) plus per recorded tick (incl. settle ticks)."""
+    """Per tick t and acting agent b (leading dims [T, B]; written [T, A] below) plus per
+    recorded tick (incl. settle ticks)."""
 
+    agent: Array            # [T, B] int32 which agents acted (B = agents.active_per_tick)
     prompt_ids: Array       # [T, A, Lp] int32
     prompt_mask: Array      # [T, A, Lp] bool
     tokens: Array           # [T, A, N] int32
@@ -140,6 +142,10 @@ class SocialRL:
         if a < 1:
             raise ValueError(f"agents.num_agents must be >= 1, got {a}")
         self.num_agents = a
+        active = int(c.agents.get("active_per_tick", 0)) or a
+        if not 1 <= active <= a:
+            raise ValueError(f"agents.active_per_tick={active} must be in [1, num_agents={a}]")
+        self.active = active  # B: agents acting each tick (a random subset when < A)
         horizon = int(c.reward.horizon)
         if horizon < 1:
             raise ValueError(f"reward.horizon must be >= 1, got {horizon}")
@@ -208,7 +214,7 @@ class SocialRL:
         if c.rl.algo == "grpo":
             # Group = the agents acting in the same tick (a tick-level baseline): the society
             # applies one answer per agent, so there are no repeated samples of one prompt.
-            return grpo_lib.GRPOConfig(group_size=self.num_agents, **common)
+            return grpo_lib.GRPOConfig(group_size=self.active, **common)
         return ppo_lib.PPOConfig(value_clip=float(c.rl.value_clip), vf_coef=float(c.rl.vf_coef),
                                  gamma=float(c.rl.gamma), lam=float(c.rl.lam),
                                  adaptive_kl=bool(c.rl.adaptive_kl), **common)
@@ -305,13 +311,16 @@ class SocialRL:
 
     def _rollout_fn(self, params, ref_params, soc: SocialState, key: Array):
         a = self.num_agents
-        agents = jnp.arange(a, dtype=jnp.int32)
         weights = policy_lib.policy_weights(self.pdef, params, ref_params)
         graphdef = self.pdef.graphdef
 
         def agent_tick(carry, _):
             soc, key = carry
-            key, k_feed, k_gen, k_step = jax.random.split(key, 4)
+            key, k_act, k_feed, k_gen, k_step = jax.random.split(key, 5)
+            if self.active < a:  # a random subset acts this tick (OASIS activates per step)
+                agents = jnp.sort(jax.random.permutation(k_act, a)[:self.active]).astype(jnp.int32)
+            else:
+                agents = jnp.arange(a, dtype=jnp.int32)
             soc, feed = society.observe(k_feed, soc, agents, self.params)
             feed_tokens = soc.posts.tokens[feed.slots]
             feed_authors = jnp.where(feed.valid, soc.posts.author[feed.slots], -1)
@@ -327,7 +336,7 @@ class SocialRL:
             soc, info = society.step(k_step, soc, acts, self.params)
             soc = self._fill_text(soc)
             rec = self._record(before, soc)
-            ys = dict(prompt_ids=ids, prompt_mask=mask, tokens=out.tokens,
+            ys = dict(agent=agents, prompt_ids=ids, prompt_mask=mask, tokens=out.tokens,
                       logprobs=out.logprobs, mask=out.mask, action_type=parsed.type,
                       parsed=parsed.parsed, reason=info.agent.reason,
                       created_id=info.agent.created_id, tick=info.tick, target=acts.target,
@@ -365,7 +374,7 @@ class SocialRL:
         w = jnp.asarray([r.like, r.repost, r.comment], jnp.float32)
         score = eng @ w
         if r.new_followers:
-            authors = jnp.tile(jnp.arange(a), t)
+            authors = ro.agent.reshape(-1)
             score += r.new_followers * rewards_lib.followers_within_horizon(
                 authors, created_tick, ro.follower_delta, int(r.horizon), ro.tick[0],
                 valid=created >= 0)
@@ -487,7 +496,7 @@ class SocialRL:
         sc = np.asarray(score[-1])
         out = []
         for a in range(min(n, toks.shape[0])):
-            out.append({"epoch": epoch, "agent": a,
+            out.append({"epoch": epoch, "agent": int(np.asarray(ro.agent)[-1, a]),
                         "text": self.tokenizer.decode(toks[a][mask[a]], skip_special_tokens=True),
                         "score": float(sc[a])})
         return out
