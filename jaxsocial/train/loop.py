@@ -59,21 +59,21 @@ class RunState:
 
 @struct.dataclass
 class Rollout:
-    """Per tick t and acting agent b (leading dims [T, B]; written [T, A] below) plus per
-    recorded tick (incl. settle ticks)."""
+    """Per tick t and acting agent b (leading dims [T, B], B = agents.active_per_tick), plus
+    per recorded tick (T agent ticks + S settle ticks); A = all LLM agents."""
 
     agent: Array            # [T, B] int32 which agents acted (B = agents.active_per_tick)
-    prompt_ids: Array       # [T, A, Lp] int32
-    prompt_mask: Array      # [T, A, Lp] bool
-    tokens: Array           # [T, A, N] int32
-    logprobs: Array         # [T, A, N] float32
-    mask: Array             # [T, A, N] bool
-    action_type: Array      # [T, A] int32 parsed ActionType (MALFORMED if unparsable)
-    parsed: Array           # [T, A] bool
-    reason: Array           # [T, A] int32 society Reason for the applied action
-    created_id: Array       # [T, A] int32 post id created by the action, -1 if none
-    target: Array           # [T, A] int32 target post / user id of the action, -1 if none
-    target_author: Array    # [T, A] int32 author of the targeted feed post, -1 if none
+    prompt_ids: Array       # [T, B, Lp] int32
+    prompt_mask: Array      # [T, B, Lp] bool
+    tokens: Array           # [T, B, N] int32
+    logprobs: Array         # [T, B, N] float32
+    mask: Array             # [T, B, N] bool
+    action_type: Array      # [T, B] int32 parsed ActionType (MALFORMED if unparsable)
+    parsed: Array           # [T, B] bool
+    reason: Array           # [T, B] int32 society Reason for the applied action
+    created_id: Array       # [T, B] int32 post id created by the action, -1 if none
+    target: Array           # [T, B] int32 target post / user id of the action, -1 if none
+    target_author: Array    # [T, B] int32 author of the targeted feed post, -1 if none
     tick: Array             # [T] int32 society tick of each agent tick
     deltas: Array           # [T + S, P, E] int32 engagement gained per slot per recorded tick
     slot_ids: Array         # [T + S, P] int32 post id in each slot after each recorded tick
