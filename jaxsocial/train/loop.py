@@ -44,8 +44,6 @@ from jaxsocial.train import agent_actions, code_problems, defaults, sharding
 
 Array = jax.Array
 
-ENGAGEMENT = ("likes", "reposts", "comments")
-
 
 @struct.dataclass
 class RunState:
@@ -194,7 +192,6 @@ class SocialRL:
         # Centre of the encoder's pooled states over the text bank: subtracting it keeps post
         # embeddings spread over directions (raw pooled states of an LLM share a large common
         # component, which would make every agent post look alike to the crowd).
-        self.embed_center = jnp.zeros((h,), jnp.float32)
         self.embed_center = self._pooled(self._init_ref, self.text_bank).mean(0)
         self._rollout = jax.jit(self._rollout_fn)
         self._score = jax.jit(self._score_fn)
