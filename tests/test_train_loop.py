@@ -217,3 +217,12 @@ def test_a_random_subset_of_agents_acts_each_tick():
     with pytest.raises(ValueError, match="active_per_tick=5"):
         c.agents.active_per_tick = 5
         loop.SocialRL(c)
+
+
+def test_setup_warns_when_the_run_cannot_fit(monkeypatch, caplog):
+    from jaxsocial.train import memory
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: 1024)  # a 1 KiB "device"
+    c = load_config("demo", "smoke")
+    with caplog.at_level("WARNING"):
+        loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    assert any("exceeds" in r.getMessage() for r in caplog.records)

@@ -40,7 +40,7 @@ from jaxsocial.rl.state import TrainState
 from jaxsocial.social import prompting, society
 from jaxsocial.social.actions import ActionType
 from jaxsocial.social.state import PostKind, SocialState
-from jaxsocial.train import agent_actions, code_problems, defaults, sharding
+from jaxsocial.train import agent_actions, code_problems, defaults, memory, sharding
 
 Array = jax.Array
 
@@ -193,6 +193,7 @@ class SocialRL:
         # embeddings spread over directions (raw pooled states of an LLM share a large common
         # component, which would make every agent post look alike to the crowd).
         self.embed_center = self._pooled(self._init_ref, self.text_bank).mean(0)
+        self._check_memory(c)
         self._rollout = jax.jit(self._rollout_fn)
         self._score = jax.jit(self._score_fn)
 
@@ -215,6 +216,19 @@ class SocialRL:
         return ppo_lib.PPOConfig(value_clip=float(c.rl.value_clip), vf_coef=float(c.rl.vf_coef),
                                  gamma=float(c.rl.gamma), lam=float(c.rl.lam),
                                  adaptive_kl=bool(c.rl.adaptive_kl), **common)
+
+    def _check_memory(self, c) -> None:
+        """Warn before a run that cannot fit (when the backend reports device memory)."""
+        device_bytes = memory.device_memory_bytes()
+        if device_bytes is None:
+            return
+        ticks = int(c.rollout.ticks_per_epoch)
+        est = memory.estimate(
+            self.model_config, tuple(self.mesh.shape.values()), batch=self.active,
+            prompt_len=self.template.max_len, response_len=self.sampling.max_new_tokens,
+            train_micro_batch=max(1, ticks * self.active // int(c.rl.minibatches)),
+            lora_rank=int(c.rl.lora_rank), remat=self.model_config.remat)
+        memory.check_fits(est, device_bytes)
 
     def init_state(self) -> RunState:
         """Fresh run: initial policy (= reference), society reset, keys from config.seed."""
@@ -440,6 +454,8 @@ class SocialRL:
         ro_host = sharding.to_host(ro)
         bonus = self.code_bonus(ro_host)
         batch, score, eng, gap = self._score(state.train, ro, jnp.asarray(bonus))
+        # Trajectories along the data axes (rows that don't divide stay replicated).
+        batch = sharding.put_global(batch, sharding.tree_data_shardings(batch, self.mesh))
         train, upd = self.update(state.train, batch)
         jax.block_until_ready(train.step)
         wall = time.perf_counter() - t0
