@@ -1,0 +1,123 @@
+"""Run reports: text-drift indicators of the agents' posts and the human-readable summary.md.
+
+The blog's worry under reward hacking is that agents learn to attract attention rather than to
+say something: posts get shorter or longer, more uniform, more hashtags / exclamation marks /
+emoji, and agents converge on the same few posts. `text_drift(texts, authors)` measures exactly
+those on one epoch's posts (host side, on decoded text); the loop logs them per epoch in
+metrics.jsonl under `drift/`, and `write_summary_md` puts first vs last epoch beside the blog's
+engagement table and a few real posts.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+_WORD = re.compile(r"\w+(?:'\w+)?", re.UNICODE)
+_HASHTAG = re.compile(r"#\w+", re.UNICODE)
+# Pictographic emoji blocks (and the dingbats/symbols block commonly used as emoji).
+_EMOJI = re.compile("[\U0001F000-\U0001FAFF\u2600-\u27BF\U0001F900-\U0001F9FF]")
+
+DRIFT_KEYS = ("mean_post_words", "distinct_2", "hashtag_share", "exclamation_share",
+              "emoji_share", "near_duplicate_share")
+
+
+def _words(text: str) -> List[str]:
+    return [w.lower() for w in _WORD.findall(text)]
+
+
+def _shingles(words: Sequence[str], n: int = 3) -> frozenset:
+    if len(words) < n:
+        return frozenset([tuple(words)]) if words else frozenset()
+    return frozenset(tuple(words[i:i + n]) for i in range(len(words) - n + 1))
+
+
+def text_drift(texts: Sequence[str], authors: Optional[Sequence[int]] = None,
+               near_dup_threshold: float = 0.8) -> Dict[str, float]:
+    """Text-drift indicators of one epoch's posts.
+
+    texts: the posts' decoded text; authors: the posting agent of each (default: all different).
+    Returns mean_post_words, distinct_2 (unique word bigrams / all bigrams), the shares of posts
+    with a hashtag / an exclamation mark / an emoji, and near_duplicate_share: the share of
+    posts whose word-trigram Jaccard similarity to a post by a *different* agent is
+    >= near_dup_threshold (agents converging on one text). All 0.0 for no posts.
+    """
+    n = len(texts)
+    if authors is None:
+        authors = list(range(n))
+    if len(authors) != n:
+        raise ValueError(f"text_drift: {n} texts but {len(authors)} authors")
+    if n == 0:
+        return {k: 0.0 for k in DRIFT_KEYS}
+    words = [_words(t) for t in texts]
+    bigrams = [tuple(w[i:i + 2]) for w in words for i in range(len(w) - 1)]
+    shingles = [_shingles(w) for w in words]
+    dup = 0
+    for i in range(n):
+        for j in range(n):
+            if i == j or authors[i] == authors[j] or not shingles[i] or not shingles[j]:
+                continue
+            a, b = shingles[i], shingles[j]
+            if len(a & b) / len(a | b) >= near_dup_threshold:
+                dup += 1
+                break
+    return {
+        "mean_post_words": sum(len(w) for w in words) / n,
+        "distinct_2": len(set(bigrams)) / len(bigrams) if bigrams else 0.0,
+        "hashtag_share": sum(bool(_HASHTAG.search(t)) for t in texts) / n,
+        "exclamation_share": sum("!" in t for t in texts) / n,
+        "emoji_share": sum(bool(_EMOJI.search(t)) for t in texts) / n,
+        "near_duplicate_share": dup / n,
+    }
+
+
+_TABLE = (("avg_likes_per_post", "avg likes per post", "{:.4f}"),
+          ("zero_like_share", "zero-like share", "{:.4f}"),
+          ("positive_engagement_share", "positive-engagement share", "{:.4f}"),
+          ("total_posts", "total posts", "{:d}"))
+
+
+def _fmt(fmt: str, v: Any) -> str:
+    if v is None:
+        return "-"
+    try:
+        return fmt.format(int(v) if fmt == "{:d}" else float(v))
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def summary_markdown(summary: Mapping[str, Any], title: str = "Social-RL run") -> str:
+    """summary.md text: the blog's engagement table (first vs last epoch), the text-drift
+    indicators, and up to three real posts from the first and the last epoch.
+
+    `summary` is runner.train's summary dict: `first` / `last` are history records (the keys of
+    `_TABLE`, optional `drift` dict and `posts` list of {"text", "likes"})."""
+    first, last = summary.get("first"), summary.get("last")
+    lines = [f"# {title}", ""]
+    if not first:
+        return "\n".join(lines + ["No epochs were run.", ""])
+    e0, e1 = first.get("epoch"), last.get("epoch")
+    lines += [f"| metric | epoch {e0} | epoch {e1} |", "|---|---:|---:|"]
+    for key, name, fmt in _TABLE:
+        lines.append(f"| {name} | {_fmt(fmt, first.get(key))} | {_fmt(fmt, last.get(key))} |")
+    d0, d1 = first.get("drift") or {}, last.get("drift") or {}
+    if d0 or d1:
+        lines += ["", "## Text drift (reward-hacking indicators)", "",
+                  f"| indicator | epoch {e0} | epoch {e1} |", "|---|---:|---:|"]
+        for k in DRIFT_KEYS:
+            lines.append(f"| {k} | {_fmt('{:.4f}', d0.get(k))} | {_fmt('{:.4f}', d1.get(k))} |")
+    for label, rec in (("first", first), ("last", last)):
+        posts = rec.get("posts") or []
+        lines += ["", f"## Posts from the {label} epoch (epoch {rec.get('epoch')})", ""]
+        if not posts:
+            lines.append("(no posts)")
+        for p in posts[:3]:
+            text = " ".join(str(p.get("text", "")).split()) or "(empty)"
+            lines.append(f"- ({p.get('likes', 0)} likes) {text}")
+    return "\n".join(lines) + "\n"
+
+
+def write_summary_md(summary: Mapping[str, Any], path: str, title: str = "Social-RL run") -> None:
+    """Write `summary_markdown(summary)` to `path`."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(summary_markdown(summary, title))
