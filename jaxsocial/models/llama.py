@@ -447,7 +447,9 @@ def init(config: LlamaConfig, seed: int = 0) -> Llama:
 
 
 def from_pretrained(path, dtype=None, param_dtype=None) -> Llama:
-    """Load a Hugging Face Llama directory (config.json + *.safetensors [+ index]).
+    """Load a Hugging Face Llama directory (config.json + *.safetensors [+ index]), or a GGUF
+    file (llama.cpp's format; a directory holding one also works), dequantized
+    (`jaxsocial.models.gguf`, needs `pip install -e '.[smol]'`).
 
     Tensors are read one at a time, so peak host memory stays near one copy of the weights.
     `dtype` is the compute dtype, `param_dtype` the storage dtype (default: float32 for both,
@@ -467,6 +469,7 @@ def save_pretrained(model: Llama, path, max_shard_bytes: Optional[int] = None) -
 
 
 def load_tokenizer(path, model: Optional[Llama] = None):
-    """`AutoTokenizer.from_pretrained(path)`; with `model`, checks the vocab fits its embedding."""
+    """`AutoTokenizer.from_pretrained(path)` (for a GGUF: built from its metadata, chat
+    template included); with `model`, checks the vocab fits its embedding."""
     from jaxsocial.models import checkpoint_hf
     return checkpoint_hf.load_tokenizer(path, model=model)
