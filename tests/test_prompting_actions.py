@@ -8,6 +8,7 @@ from jaxsocial.generation import grammar as grammar_lib
 from jaxsocial.models.tokenizer import tiny_tokenizer
 from jaxsocial.social import prompting
 from jaxsocial.social.actions import ActionType
+from jaxsocial.social.state import PAD_TOKEN
 from jaxsocial.train import agent_actions
 
 PERSONAS = ["You are Ada, an engineer.", "You are Bo, a cook who loves soup!"]
@@ -21,7 +22,7 @@ def tok():
 
 
 def _posts(tok, texts, length):
-    out = np.zeros((len(texts), length), np.int32)
+    out = np.full((len(texts), length), PAD_TOKEN, np.int32)
     for i, t in enumerate(texts):
         ids = tok.encode(t, add_special_tokens=False)[:length]
         out[i, :len(ids)] = ids
@@ -37,13 +38,13 @@ def test_assembled_prompt_decodes_to_the_chat_template_text(tok):
     feed = np.array([[0, 1, 2], [3, 0, 0]])
     valid = np.array([[True, True, True], [True, False, True]])
     agents = np.array([0, 1])
-    ids, mask = jax.jit(prompting.assemble, static_argnums=(4,))(
-        template, jnp.asarray(agents), jnp.asarray(post_tokens[feed]), jnp.asarray(valid), 0)
+    ids, mask = jax.jit(prompting.assemble)(
+        template, jnp.asarray(agents), jnp.asarray(post_tokens[feed]), jnp.asarray(valid))
     ids, mask = np.asarray(ids), np.asarray(mask)
     assert ids.shape == (2, template.max_len) and template.max_len % 32 == 0
     for b in range(2):
         assert not mask[b, :np.argmax(mask[b])].any() and mask[b, np.argmax(mask[b]):].all()
-        shown = [tok.decode(post_tokens[feed[b, j]][post_tokens[feed[b, j]] != 0])
+        shown = [tok.decode(post_tokens[feed[b, j]][post_tokens[feed[b, j]] >= 0])
                  for j in range(k) if valid[b, j]]
         # Labels are feed positions: row 1 shows slots 1 and 3.
         labels = [j for j in range(k) if valid[b, j]]
@@ -88,9 +89,12 @@ def test_parser_maps_answers_to_society_actions(tok, vocab):
                  ActionType.MALFORMED]
     assert [int(x) for x in p.feed_pos[:5]] == [1, -1, 2, 0, -1]
     content = np.asarray(p.content)
-    assert tok.decode(content[1][content[1] != 0]) == " soup for everyone"
-    assert tok.decode(content[2][content[2] != 0]) == " nice"
-    assert not content[0].any()
+    assert tok.decode(content[1][content[1] >= 0]) == " soup for everyone"
+    assert tok.decode(content[2][content[2] >= 0]) == " nice"
+    assert (content[0] == PAD_TOKEN).all()
+    # Right-padded with PAD_TOKEN, never with a real id (id 0 is "!" in Llama-3).
+    assert (content[1][len(tok.encode(" soup for everyone", add_special_tokens=False)):]
+            == PAD_TOKEN).all()
     feed_ids = jnp.asarray([[10, 11, 12]] * 7)
     feed_valid = jnp.asarray([[True, True, False]] * 7)
     authors = jnp.asarray([[100, 101, 102]] * 7)

@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxsocial.social.state import (EMPTY, PostKind, ReactionKind, SocialParams, SocialState,
-                                    normalize)
+from jaxsocial.social.state import (EMPTY, PAD_TOKEN, PostKind, ReactionKind, SocialParams,
+                                    SocialState, normalize)
 
 
 class ActionType(enum.IntEnum):
@@ -128,7 +128,7 @@ class ActionBatch:
     type: jax.Array  # [B] int32 ActionType
     actor: jax.Array  # [B] int32 user id
     target: jax.Array  # [B] int32
-    content: jax.Array  # [B, L] int32 token ids
+    content: jax.Array  # [B, L] int32 token ids, right-padded with PAD_TOKEN
     embedding: jax.Array  # [B, d] float32
     valid: jax.Array  # [B] bool
 
@@ -144,21 +144,22 @@ def empty_actions(batch: int, params: SocialParams) -> ActionBatch:
     return ActionBatch(
         type=jnp.zeros((batch,), jnp.int32), actor=jnp.zeros((batch,), jnp.int32),
         target=jnp.full((batch,), EMPTY, jnp.int32),
-        content=jnp.zeros((batch, params.content_len), jnp.int32),
+        content=jnp.full((batch, params.content_len), PAD_TOKEN, jnp.int32),
         embedding=jnp.zeros((batch, params.embed_dim), jnp.float32),
         valid=jnp.zeros((batch,), bool))
 
 
 def make_actions(params: SocialParams, type, actor, target=None, content=None, embedding=None,
                  valid=None) -> ActionBatch:
-    """Build a batch from array-likes `[B]` (content `[B, L]`, embedding `[B, d]` default 0)."""
+    """Build a batch from array-likes `[B]` (content `[B, L]` default PAD_TOKEN, embedding
+    `[B, d]` default 0)."""
     type = jnp.asarray(type, jnp.int32)
     b = type.shape[0]
     fill = lambda x, shape, dt, v: (jnp.full(shape, v, dt) if x is None
                                     else jnp.asarray(x, dt).reshape(shape))
     return ActionBatch(
         type=type, actor=fill(actor, (b,), jnp.int32, 0), target=fill(target, (b,), jnp.int32, -1),
-        content=fill(content, (b, params.content_len), jnp.int32, 0),
+        content=fill(content, (b, params.content_len), jnp.int32, PAD_TOKEN),
         embedding=fill(embedding, (b, params.embed_dim), jnp.float32, 0.0),
         valid=fill(valid, (b,), bool, True))
 

@@ -104,11 +104,11 @@ def render_user_message(instruction: str, posts: Sequence[str], footer: str,
 
 
 def assemble(template: PromptTemplate, agent_ids: Array, feed_tokens: Array,
-             feed_valid: Array, content_pad: int) -> Tuple[Array, Array]:
+             feed_valid: Array) -> Tuple[Array, Array]:
     """Build left-padded prompts.
 
     agent_ids [B] int32 (rows of template.persona); feed_tokens [B, K, L] int32 post tokens,
-    right-padded with `content_pad`; feed_valid [B, K] bool. Feed slot k keeps its label k+1
+    right-padded with PAD_TOKEN (a position holds a token iff `>= 0`); feed_valid [B, K] bool. Feed slot k keeps its label k+1
     (labels are positions in the feed, so "like 3" always means the third shown slot).
     Returns (input_ids [B, max_len] int32, attention_mask [B, max_len] bool).
     """
@@ -116,7 +116,7 @@ def assemble(template: PromptTemplate, agent_ids: Array, feed_tokens: Array,
     b, k, l = feed_tokens.shape
     chex.assert_shape(feed_valid, (b, k))
     t = template
-    content_len = jnp.where(feed_valid, jnp.sum(feed_tokens != content_pad, axis=-1), 0)
+    content_len = jnp.where(feed_valid, jnp.sum(feed_tokens >= 0, axis=-1), 0)
 
     def fixed(piece):  # a piece shared by all rows -> ([B, n], [B] lengths)
         return jnp.broadcast_to(piece, (b, piece.shape[0])), jnp.full((b,), piece.shape[0])

@@ -17,7 +17,7 @@ not reacted to again.  The events are compacted into one `ActionBatch` of `crowd
 (overflow counted) and applied with `apply_actions`, so the crowd obeys exactly the rules the
 LLM agents do.
 
-Crowd posts carry no tokens (all 0); their embedding is normalize(interest + post_noise z/sqrt(d))
+Crowd posts carry no tokens (all PAD_TOKEN); their embedding is normalize(interest + post_noise z/sqrt(d))
 (a quote / comment mixes in its parent's embedding).
 """
 from __future__ import annotations
@@ -28,7 +28,8 @@ from flax import struct
 
 from jaxsocial.social import recsys
 from jaxsocial.social.actions import ActionBatch, ActionType, ApplyInfo, apply_actions
-from jaxsocial.social.state import (EMPTY, ReactionKind, SocialParams, SocialState, normalize)
+from jaxsocial.social.state import (EMPTY, PAD_TOKEN, ReactionKind, SocialParams, SocialState,
+                                    normalize)
 
 T = ActionType
 
@@ -123,7 +124,7 @@ def crowd_step(key: jax.Array, state: SocialState, params: SocialParams
            + params.post_noise * jax.random.normal(k_emb, (budget, params.embed_dim))
            / jnp.sqrt(jnp.float32(params.embed_dim)))
     batch = ActionBatch(type=btype, actor=bactor, target=btarget,
-                        content=jnp.zeros((budget, params.content_len), jnp.int32),
+                        content=jnp.full((budget, params.content_len), PAD_TOKEN, jnp.int32),
                         embedding=normalize(emb), valid=valid)
     state, info = apply_actions(state, batch, params)
     fill = jnp.sum(feed.valid & uok[:, None]) / jnp.maximum(num_active * k, 1)

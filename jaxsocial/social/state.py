@@ -19,6 +19,8 @@ import jax.numpy as jnp
 from flax import struct
 
 EMPTY = -1  # padding value for every id array (users, posts, records)
+PAD_TOKEN = -1  # right padding of post content tokens: never a real token id (in Llama-3
+#                  id 0 is "!"); a position holds a token iff `tokens >= 0`
 
 
 class PostKind(enum.IntEnum):
@@ -171,7 +173,8 @@ class Posts:
     author: jax.Array  # [P] int32 user id
     parent: jax.Array  # [P] int32 global id: original (repost/quote), commented post, or EMPTY
     created_at: jax.Array  # [P] int32 tick
-    tokens: jax.Array  # [P, L] int32 content token ids (a repost copies its original's)
+    tokens: jax.Array  # [P, L] int32 content token ids, right-padded with PAD_TOKEN (a repost
+    #                    copies its original's)
     embedding: jax.Array  # [P, d] float32 unit norm, computed once at creation
     likes: jax.Array  # [P] int32
     dislikes: jax.Array  # [P] int32
@@ -230,7 +233,7 @@ def empty_state(params: SocialParams) -> SocialState:
     graph = Graph(following=full((n, p.max_following)), muted=full((n, p.max_muted)))
     posts = Posts(
         id=full((cap,)), kind=zeros((cap,)), author=full((cap,)), parent=full((cap,)),
-        created_at=zeros((cap,)), tokens=zeros((cap, ln)),
+        created_at=zeros((cap,)), tokens=jnp.full((cap, ln), PAD_TOKEN, i32),
         embedding=jnp.zeros((cap, d), jnp.float32), likes=zeros((cap,)),
         dislikes=zeros((cap,)), reposts=zeros((cap,)), quotes=zeros((cap,)),
         comments=zeros((cap,)), reports=zeros((cap,)), likes_h=zeros((cap,)),

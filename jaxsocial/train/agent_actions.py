@@ -26,7 +26,7 @@ from flax import struct
 
 from jaxsocial.generation import grammar as grammar_lib
 from jaxsocial.social.actions import ActionBatch, ActionType
-from jaxsocial.social.state import EMPTY
+from jaxsocial.social.state import EMPTY, PAD_TOKEN
 
 Array = jax.Array
 
@@ -105,7 +105,7 @@ class ActionVocab:
 @struct.dataclass
 class Parsed:
     """type [B] int32 ActionType (MALFORMED when nothing matched); feed_pos [B] (-1 = none);
-    content [B, L] int32 (0-padded); parsed [B] bool."""
+    content [B, L] int32 (right-padded with PAD_TOKEN); parsed [B] bool."""
 
     type: Array
     feed_pos: Array
@@ -136,7 +136,7 @@ def parse(vocab: ActionVocab, tokens: Array, mask: Array, content_len: int) -> P
     keep &= ~jnp.isin(gathered, stops)
     keep = jnp.cumprod(keep, axis=1).astype(bool)  # text ends at the first stop / pad
     has_text = vocab.has_text[best] & parsed
-    content = jnp.where(keep & has_text[:, None], gathered, 0)
+    content = jnp.where(keep & has_text[:, None], gathered, PAD_TOKEN)
     empty_text = has_text & ~keep[:, 0]
     parsed = parsed & ~empty_text
     kind = jnp.where(parsed, vocab.action_type[best], int(ActionType.MALFORMED))

@@ -39,7 +39,7 @@ from jaxsocial.rl import rewards as rewards_lib
 from jaxsocial.rl.state import TrainState
 from jaxsocial.social import prompting, society
 from jaxsocial.social.actions import ActionType
-from jaxsocial.social.state import PostKind, SocialState
+from jaxsocial.social.state import PAD_TOKEN, PostKind, SocialState
 from jaxsocial.train import agent_actions, code_problems, defaults, memory, sharding
 
 Array = jax.Array
@@ -114,7 +114,7 @@ def _stop_ids(tokenizer) -> Tuple[int, ...]:
 
 
 def _text_bank(tokenizer, texts, length: int) -> np.ndarray:
-    out = np.zeros((len(texts), length), np.int32)
+    out = np.full((len(texts), length), PAD_TOKEN, np.int32)
     for i, t in enumerate(texts):
         ids = tokenizer.encode(t, add_special_tokens=False)[:length]
         out[i, :len(ids)] = ids
@@ -164,7 +164,8 @@ class SocialRL:
         if max_text < 1:
             raise ValueError(f"rollout.max_new_tokens={n_new} leaves no room for text after the "
                              f"longest action prefix ({longest_prefix} tokens) and a stop token")
-        specials = sorted(set(self.tokenizer.added_tokens_decoder) | {0})
+        # Free text excludes special tokens only (id 0 is a real token, e.g. "!" in Llama-3).
+        specials = sorted(set(self.tokenizer.added_tokens_decoder))
         self.grammar = (self.vocab.grammar(model.config.vocab_size, max_text, specials)
                         if c.agents.action_mode == "constrained" else None)
         self.sampling = SamplingConfig(
@@ -288,15 +289,15 @@ class SocialRL:
         """Crowd and seed posts carry no tokens; give them text from the crowd text bank so the
         agents' feeds are readable (chosen by post id, stable across ticks)."""
         posts = soc.posts
-        empty = (posts.id >= 0) & ~jnp.any(posts.tokens != 0, axis=1)
+        empty = (posts.id >= 0) & ~jnp.any(posts.tokens >= 0, axis=1)  # all PAD_TOKEN
         bank = self.text_bank[jnp.maximum(posts.id, 0) % self.text_bank.shape[0]]
         return soc.replace(posts=posts.replace(
             tokens=jnp.where(empty[:, None], bank, posts.tokens)))
 
     def _pooled(self, ref_params, content: Array) -> Array:
         """Mean of the reference model's final hidden states over the content tokens [B, H]."""
-        mask = content != 0  # right-padded: positions 0..n-1, padding never attended
-        out = nnx.merge(self.pdef.graphdef, ref_params).forward(content, mask)
+        mask = content >= 0  # right-padded with PAD_TOKEN: padding never attended
+        out = nnx.merge(self.pdef.graphdef, ref_params).forward(jnp.maximum(content, 0), mask)
         m = mask[..., None].astype(jnp.float32)
         return (out.hidden.astype(jnp.float32) * m).sum(1) / jnp.maximum(m.sum(1), 1.0)
 
@@ -335,7 +336,7 @@ class SocialRL:
             soc, feed = society.observe(k_feed, soc, agents, self.params)
             feed_tokens = soc.posts.tokens[feed.slots]
             feed_authors = jnp.where(feed.valid, soc.posts.author[feed.slots], -1)
-            ids, mask = prompting.assemble(self.template, agents, feed_tokens, feed.valid, 0)
+            ids, mask = prompting.assemble(self.template, agents, feed_tokens, feed.valid)
             out = generate_from_state(graphdef, weights, ids, mask, k_gen,
                                                    self.sampling, self.grammar)
             parsed = agent_actions.parse(self.vocab, out.tokens, out.mask,
