@@ -40,8 +40,9 @@ def test_first_ratio_is_one_with_temperature_topk_topp_and_grammar(setup):
     allowed = jax.random.bernoulli(jax.random.PRNGKey(2), 0.6, (b, RESP, VOCAB))
     allowed = allowed.at[..., TARGET].set(True)
     rmask = _ragged_mask(jax.random.PRNGKey(3), b, RESP)
-    traj, gen_lp = rollout(pdef, params, ref, cfg, jax.random.PRNGKey(4), prompt, pmask, RESP,
-                           count_token(TARGET), response_mask=rmask, allowed=allowed)
+    traj, gen_lp, gram = rollout(pdef, params, ref, cfg, jax.random.PRNGKey(4), prompt, pmask,
+                                 RESP, count_token(TARGET), response_mask=rmask, allowed=allowed)
+    assert traj.fsm_states.shape == (b, RESP) and traj.fsm_states.dtype == jnp.int32
     m = np.asarray(rmask)
     # the grammar mask was honoured and is part of the recomputed distribution
     assert np.all(np.take_along_axis(np.asarray(allowed), np.asarray(traj.response_tokens)[..., None],
@@ -51,13 +52,13 @@ def test_first_ratio_is_one_with_temperature_topk_topp_and_grammar(setup):
     np.testing.assert_allclose(np.asarray(traj.ref_logprobs), np.asarray(traj.old_logprobs),
                                atol=1e-6)
     # without the grammar mask the log-probs differ: the mask really is applied
-    ev = policy_lib.evaluate(pdef, params, ref, traj.replace(allowed=None), cfg)
+    ev = policy_lib.evaluate(pdef, params, ref, traj.replace(fsm_states=None), cfg)
     assert np.max(np.abs(np.asarray(ev.logprobs)[m] - np.asarray(gen_lp)[m])) > 1e-3
 
     # The update's first (and only) minibatch step sees the generator's log-probs: ratio 1.
     state = _state(cfg, setup)
     traj = traj.replace(old_logprobs=gen_lp * rmask)
-    _, metrics = compiled_update(cfg)(state, traj)
+    _, metrics = compiled_update(cfg)(state, traj, gram)
     assert float(metrics["ratio"]) == pytest.approx(1.0, abs=1e-5)
     assert abs(float(metrics["approx_kl"])) < 1e-8
     assert float(metrics["clip_frac"]) == 0.0

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsocial.generation import grammar as grammar_lib
 from jaxsocial.generation import sampling as sampling_lib
 from jaxsocial.models import llama
 from jaxsocial.rl import buffer, grpo, policy as policy_lib, ppo
@@ -95,22 +96,29 @@ def sample_responses(graphdef, weights, prompt, prompt_mask, key, scfg, n, allow
 
 def rollout(pdef, params, ref_params, cfg, key, prompt, prompt_mask, n, score_fn,
             response_mask=None, allowed=None):
-    """Sample, score with `score_fn(tokens) -> [B]`, fill log-probs/values by score_batch."""
+    """Sample, score with `score_fn(tokens) -> [B]`, fill log-probs/values by score_batch.
+
+    With per-step masks `allowed [B, n, V]` the trajectory stores FSM states of an equivalent
+    grammar (`grammar_from_masks`) and the result is (traj, gen_lp, grammar)."""
     scfg = policy_lib._sampling(cfg, n)
     weights = policy_lib.policy_weights(pdef, params, ref_params)
     toks, gen_lp = sample_responses(pdef.graphdef, weights, prompt, prompt_mask, key, scfg, n,
                                    allowed)
     if response_mask is None:
         response_mask = jnp.ones(toks.shape, bool)
+    gram = states = None
+    if allowed is not None:
+        gram, states = grammar_lib.grammar_from_masks(allowed)
     traj = buffer.make_trajectory(prompt, prompt_mask, toks, response_mask,
-                                  scores=score_fn(toks), allowed=allowed)
-    lp, ref, values = score(pdef, cfg, params, ref_params, traj)
-    return traj.replace(old_logprobs=lp, ref_logprobs=ref, values=values), gen_lp
+                                  scores=score_fn(toks), fsm_states=states)
+    lp, ref, values = score(pdef, cfg, params, ref_params, traj, gram)
+    traj = traj.replace(old_logprobs=lp, ref_logprobs=ref, values=values)
+    return (traj, gen_lp) if allowed is None else (traj, gen_lp, gram)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def score(pdef, cfg, params, ref_params, traj):
-    return policy_lib.score_batch(pdef, params, ref_params, traj, cfg)
+def score(pdef, cfg, params, ref_params, traj, grammar=None):
+    return policy_lib.score_batch(pdef, params, ref_params, traj, cfg, grammar)
 
 
 def count_token(token):

@@ -30,16 +30,16 @@ def test_first_ratio_is_one_against_generate():
     assert np.all(np.asarray(out.tokens)[:, 0] == 7)  # the grammar was in force
     rmask = np.asarray(out.mask)
     assert rmask.sum(1).min() >= 1 and not rmask.all()  # ragged: some rows stopped early
-    allowed = grammar_lib.step_masks(gram, out.tokens, out.mask)
+    states = grammar_lib.step_states(gram, out.tokens, out.mask)
     traj = buffer.make_trajectory(prompt, pmask, out.tokens, out.mask,
                                   scores=jnp.arange(prompt.shape[0], dtype=jnp.float32),
-                                  allowed=allowed)
-    lp, ref_lp, values = score(pdef, cfg, params, ref, traj)
+                                  fsm_states=states)
+    lp, ref_lp, values = score(pdef, cfg, params, ref, traj, gram)
     np.testing.assert_allclose(np.asarray(lp)[rmask], np.asarray(out.logprobs)[rmask], atol=1e-5)
     # Update straight from the generator's log-probs: the first (only) step has ratio 1.
     traj = traj.replace(old_logprobs=out.logprobs, ref_logprobs=ref_lp, values=values)
     state = ppo.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
-    new, metrics = compiled_update(cfg)(state, traj)
+    new, metrics = compiled_update(cfg)(state, traj, gram)
     assert float(metrics["ratio"]) == pytest.approx(1.0, abs=1e-5)
     assert abs(float(metrics["approx_kl"])) < 1e-8
     assert float(metrics["clip_frac"]) == 0.0

@@ -120,14 +120,42 @@ def run(grammar: Grammar, tokens: Array, mask: Optional[Array] = None) -> Tuple[
     return states.T, ok.T
 
 
+def step_states(grammar: Grammar, tokens: Array, mask: Optional[Array] = None) -> Array:
+    """The FSM state in force at each step of a response: states [B, N] int32 (the state
+    *before* token t). What a trajectory stores instead of [B, N, V] masks: the mask of step t
+    is `masks_from_states(grammar, states)[:, t]`, rebuilt where (and as little as) needed."""
+    return run(grammar, tokens, mask)[0]
+
+
+def masks_from_states(grammar: Grammar, states: Array) -> Array:
+    """states [...] int32 -> allowed [..., V] bool (gather rows of the FSM table)."""
+    return grammar.allowed[states]
+
+
 def step_masks(grammar: Grammar, tokens: Array, mask: Optional[Array] = None) -> Array:
     """The grammar mask in force at each step of a response: allowed [B, N, V] bool.
 
     `allowed[b, t]` = `grammar.allowed[state before token t]`: exactly the mask the sampler used,
     so `sampling.token_logprobs(logits, tokens, config, allowed)` re-scores a generated response.
+    [B, N, V] grows with the vocabulary: the RL code keeps `step_states` and rebuilds masks per
+    chunk instead.
     """
-    states, _ = run(grammar, tokens, mask)
-    return grammar.allowed[states]
+    return masks_from_states(grammar, step_states(grammar, tokens, mask))
+
+
+def grammar_from_masks(allowed) -> Tuple[Grammar, Array]:
+    """Arbitrary per-step masks allowed [B, N, V] bool -> (Grammar, states [B, N] int32) with
+    `masks_from_states(grammar, states) == allowed`: one FSM state per (row, step), for tests
+    and callers that hold explicit masks. (Its next_state table is all DEAD: use the states
+    directly, do not replay tokens through it.)"""
+    allowed = np.asarray(allowed, bool)
+    if allowed.ndim != 3:
+        raise ValueError(f"allowed must be [B, N, V] bool, got shape {allowed.shape}")
+    b, n, v = allowed.shape
+    table = np.concatenate([np.zeros((1, v), bool), allowed.reshape(b * n, v)])
+    g = make_grammar(table, np.zeros(table.shape, np.int32), 0, np.zeros(b * n + 1, bool))
+    states = jnp.asarray(1 + np.arange(b * n, dtype=np.int32).reshape(b, n))
+    return g, states
 
 
 def accepts(grammar: Grammar, tokens: Array, mask: Optional[Array] = None) -> Array:

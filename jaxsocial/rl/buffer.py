@@ -10,7 +10,6 @@ from typing import Optional
 import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 
@@ -26,7 +25,10 @@ class Trajectory:
     ref_logprobs     [B, R] float32 log pi_ref(token), same temperature / masks
     values           [B, R] float32 V(state before token t) from the rollout critic (0 for GRPO)
     scores           [B]    float32 episode score (e.g. the post's social reward)
-    allowed          [B, R, V] bool or None: grammar mask used while sampling (None = no mask)
+    fsm_states       [B, R] int32 or None: grammar FSM state before each response token (None =
+                     no grammar). The step's allowed set is `grammar.allowed[fsm_states]`,
+                     rebuilt per chunk inside the loss from the grammar tables (passed to the
+                     update as an argument), so no [B, R, V] mask is ever stored.
     """
 
     prompt_tokens: jax.Array
@@ -37,7 +39,7 @@ class Trajectory:
     ref_logprobs: jax.Array
     values: jax.Array
     scores: jax.Array
-    allowed: Optional[jax.Array] = None
+    fsm_states: Optional[jax.Array] = None
 
     @property
     def batch_size(self) -> int:
@@ -54,10 +56,11 @@ class Trajectory:
 
 def make_trajectory(prompt_tokens, prompt_mask, response_tokens, response_mask, *,
                     scores, old_logprobs=None, ref_logprobs=None, values=None,
-                    allowed=None) -> Trajectory:
+                    fsm_states=None) -> Trajectory:
     """Build a Trajectory with explicit dtypes (ids int32, masks bool, floats float32).
 
     Missing log-probs / values default to zeros [B, R] (fill them with `policy.score_batch`).
+    fsm_states [B, R] int32: `generation.grammar.step_states(grammar, response, mask)`.
     Raises ValueError naming the offending field on a shape mismatch.
     """
     prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
@@ -88,8 +91,8 @@ def make_trajectory(prompt_tokens, prompt_mask, response_tokens, response_mask, 
                           (b, r), jnp.float32),
         values=cast("values", zeros if values is None else values, (b, r), jnp.float32),
         scores=cast("scores", scores, (b,), jnp.float32),
-        allowed=None if allowed is None else cast("allowed", allowed,
-                                                  (b, r) + tuple(np.shape(allowed)[2:]), bool),
+        fsm_states=None if fsm_states is None else cast("fsm_states", fsm_states, (b, r),
+                                                        jnp.int32),
     )
 
 
@@ -103,3 +106,6 @@ def check_trajectory(batch: Trajectory) -> None:
     chex.assert_type([batch.old_logprobs, batch.ref_logprobs, batch.values, batch.scores],
                      jnp.float32)
     chex.assert_type([batch.prompt_tokens, batch.response_tokens], jnp.int32)
+    if batch.fsm_states is not None:
+        chex.assert_shape(batch.fsm_states, (b, r))
+        chex.assert_type(batch.fsm_states, jnp.int32)

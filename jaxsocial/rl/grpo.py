@@ -15,7 +15,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxsocial.rl import ppo
+from jaxsocial.rl import common, ppo
 from jaxsocial.rl import state as state_lib
 from jaxsocial.rl.buffer import Trajectory, check_trajectory
 
@@ -23,47 +23,25 @@ LOSS_AGGREGATIONS = ("token_mean", "seq_mean")
 
 
 @dataclasses.dataclass(frozen=True)
-class GRPOConfig:
-    """GRPO knobs; defaults from spec/ppo.md."""
+class GRPOConfig(common.OptimConfig):
+    """GRPO knobs; defaults from spec/ppo.md. The optimizer, update structure, surrogate, KL
+    and sampling fields come from `common.OptimConfig` (GRPO's own defaults below)."""
 
-    group_size: int = 8
-    # optimizer
+    # shared fields with GRPO defaults (1 epoch: one gradient step per fresh batch, as TRL)
     learning_rate: float = 1e-6
-    lr_schedule: str = "constant"
-    warmup_steps: int = 0
-    decay_steps: int = 10_000
-    end_lr_ratio: float = 0.0
-    weight_decay: float = 0.0
-    adam_b1: float = 0.9
-    adam_b2: float = 0.999
-    adam_eps: float = 1e-8
-    max_grad_norm: float = 1.0
-    # update structure (1 epoch: one gradient step per fresh batch, as TRL's default)
     ppo_epochs: int = 1
-    num_minibatches: int = 1
-    grad_accum_steps: int = 1
-    # loss
-    clip_eps: float = 0.2
-    clip_eps_high: Optional[float] = None
-    ent_coef: float = 0.0
+    kl_coef: float = 0.0                  # KL in the loss, not in the reward
+    kl_estimator: str = "k3"
+    temperature: float = 1.0
+    # GRPO's own
+    group_size: int = 8
     loss_aggregation: str = "token_mean"  # "seq_mean": per-sequence mean, then batch mean
-    # advantages
     scale_rewards: bool = True            # False: Dr. GRPO (no division by the group std)
     std_eps: float = 1e-4
     std_ddof: int = 1                     # 1 = unbiased group std (torch.std, as TRL)
-    # KL to the reference (in the loss, not in the reward)
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    # responses
-    missing_stop_penalty: float = 0.0
-    stop_token_ids: tuple = ()
-    # sampling distribution
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
 
     def __post_init__(self):
-        ppo._check_common(self)
+        super().__post_init__()
         if self.group_size < 2:
             raise ValueError(f"group_size must be >= 2, got {self.group_size}")
         if self.loss_aggregation not in LOSS_AGGREGATIONS:
@@ -77,9 +55,6 @@ class GRPOConfig:
     @property
     def initial_kl_coef(self) -> float:
         return self.kl_coef
-
-    def replace(self, **kw) -> "GRPOConfig":
-        return dataclasses.replace(self, **kw)
 
 
 def group_advantages(scores: jax.Array, group_size: int, eps: float = 1e-4,
@@ -142,25 +117,26 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, cfg: GRPOC
 
 
 def make_update(cfg: GRPOConfig, pdef, donate: bool = False) -> ppo.CompiledUpdate:
-    """The jitted GRPO update(state, batch) -> (state, metrics); batch rows in groups of
-    cfg.group_size. Metrics: loss, policy_loss, kl_loss, entropy, approx_kl, clip_frac,
+    """The jitted GRPO update(state, batch, grammar=None) -> (state, metrics); batch rows in
+    groups of cfg.group_size; grammar: the rollout's when batch.fsm_states is set. Metrics: loss, policy_loss, kl_loss, entropy, approx_kl, clip_frac,
     kl_ref, score_mean, score_std_in_group, adv_abs_mean, grad_norm, learning_rate,
     skipped_steps, nonfinite_skips."""
     from jaxsocial.rl import policy as policy_lib
 
     tx, schedule = ppo.make_optimizer(cfg)
 
-    def loss_fn(params, ref_params, rows, denom):
+    def loss_fn(params, ref_params, rows, denom, grammar):
         b = rows["batch"]
         out = policy_lib.evaluate(pdef, params, ref_params, b, cfg, with_values=False,
-                                  with_entropy=True, entropy_grad=cfg.ent_coef != 0)
+                                  with_entropy=True, entropy_grad=cfg.ent_coef != 0,
+                                  grammar=grammar)
         loss, stats = grpo_loss(out.logprobs, b.old_logprobs, b.ref_logprobs, rows["adv"],
                                 rows["mask"], cfg, denom)
         ent = ppo.masked_sum(out.entropy, rows["mask"]) / denom["tokens"]
         loss = loss - cfg.ent_coef * ent
         return loss, dict(stats, entropy=ent)
 
-    def update(train_state: state_lib.TrainState, batch: Trajectory):
+    def update(train_state: state_lib.TrainState, batch: Trajectory, grammar=None):
         check_trajectory(batch)
         mask = batch.response_mask
         scores = batch.scores
@@ -172,9 +148,9 @@ def make_update(cfg: GRPOConfig, pdef, donate: bool = False) -> ppo.CompiledUpda
         rng, key = jax.random.split(train_state.rng)
         rows = {"batch": batch, "adv": adv, "mask": mask}
         new_state, metrics = ppo.run_epochs(
-            loss_fn, tx, schedule, train_state, rows, epochs=cfg.ppo_epochs,
-            num_minibatches=cfg.num_minibatches, grad_accum_steps=cfg.grad_accum_steps,
-            key=key)
+            lambda *a: loss_fn(*a, grammar), tx, schedule, train_state, rows,
+            epochs=cfg.ppo_epochs, num_minibatches=cfg.num_minibatches,
+            grad_accum_steps=cfg.grad_accum_steps, micro_batch=cfg.micro_batch, key=key)
         g = scores.reshape(-1, cfg.group_size)
         metrics.update(
             kl_ref=jnp.mean(jnp.sum(ppo.kl_penalty(batch.old_logprobs, batch.ref_logprobs, "k1")

@@ -119,75 +119,162 @@ def _response_slice(x, p: int, r: int):
 
 
 def _forward(graphdef, weights, ids, mask, p: int, r: int):
-    """-> (logits [B, R, V] float32 of the response positions, hidden [B, R, H]).
+    """-> (hidden [B, R, H] of the response positions, unembedding matrix [H, V]).
 
-    The LM head is applied to the R response positions only; the forward's full-length
-    logits are unused, so XLA drops them (2/3 of the unembedding for a 128 + 64 batch).
+    No logits here: the forward's full-length logits are unused (XLA drops them) and the LM
+    head is applied chunk by chunk in `token_stats`, so no [B, R, V] array exists.
     """
     model = nnx.merge(graphdef, weights)
     hidden = _response_slice(model.forward(ids, mask).hidden, p, r)
-    return model.unembed(hidden), hidden
+    w = model.embed_tokens[...].T if model.lm_head is None else model.lm_head[...]
+    return hidden, w
 
 
 def _values(head, hidden):
     return hidden.astype(jnp.float32) @ head["kernel"] + head["bias"]
 
 
+# The auto chunk keeps one [rows, chunk, V] float32 logits block near this size.
+AUTO_CHUNK_BYTES = 64 * 2 ** 20
+
+
+def resolve_chunk(chunk: int, rows: int, length: int, vocab: int) -> int:
+    """Positions per chunk: `chunk` (capped at `length`) or, for chunk <= 0, the largest that
+    keeps a [rows, chunk, vocab] float32 block within AUTO_CHUNK_BYTES, balanced so the last
+    chunk is (nearly) full."""
+    if chunk and chunk > 0:
+        c = min(int(chunk), length)
+    else:
+        c = max(1, min(length, AUTO_CHUNK_BYTES // max(rows * vocab * 4, 1)))
+    n = -(-length // c)
+    return -(-length // n)
+
+
+def token_stats(hidden: jax.Array, unembed: jax.Array, tokens: jax.Array, scfg, *,
+                grammar=None, states: Optional[jax.Array] = None, chunk: int = 0,
+                with_entropy: bool = False, entropy_grad: bool = False):
+    """Sampled-token log-probs (and entropy) of the sampling distribution, in sequence chunks.
+
+    hidden [B, R, H] (final-normed), unembed [H, V], tokens [B, R] int32; grammar + states
+    [B, R] int32: the FSM whose `allowed[states[b, t]]` masks step t. Returns (logprobs
+    [B, R] float32, entropy [B, R] float32 or None).
+
+    A `lax.scan` over chunks of `chunk` positions (`resolve_chunk`) projects each chunk to the
+    vocabulary, rebuilds its grammar masks from the FSM table and reduces to [B, chunk]; the
+    body is rematerialised (`jax.checkpoint`), so neither pass keeps more than one
+    [B, chunk, V] block alive. Same values as `sampling.token_logprobs` on the full logits.
+    Entropy is differentiable only with entropy_grad=True.
+    """
+    b, r, _ = hidden.shape
+    v = unembed.shape[-1]
+    if (grammar is None) != (states is None):
+        raise ValueError("token_stats needs both grammar and states, or neither")
+    c = resolve_chunk(chunk, b, r, v)
+    n = -(-r // c)
+    pad = n * c - r
+
+    def split(x):  # [B, R, ...] -> [n, B, c, ...]
+        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+        return jnp.moveaxis(x.reshape((b, n, c) + x.shape[2:]), 1, 0)
+
+    xs = {"h": split(hidden), "tok": split(tokens.astype(jnp.int32))}
+    if states is not None:
+        xs["state"] = split(states.astype(jnp.int32))
+    table = None if grammar is None else grammar.allowed
+
+    def body(w, table, x):
+        logits = jnp.matmul(x["h"], w.astype(x["h"].dtype), preferred_element_type=jnp.float32)
+        allowed = None if table is None else table[x["state"]]
+        lp_all = sampling_lib.log_probs(logits, scfg, allowed)
+        lp = jnp.take_along_axis(lp_all, x["tok"][..., None], axis=-1)[..., 0]
+        ent = None
+        if with_entropy:
+            e = lp_all if entropy_grad else jax.lax.stop_gradient(lp_all)
+            ent = -jnp.sum(jnp.exp(e) * e, axis=-1)
+        return lp, ent
+
+    step = jax.checkpoint(body, prevent_cse=False)
+    _, (lp, ent) = jax.lax.scan(lambda carry, x: (carry, step(unembed, table, x)), None, xs)
+
+    def join(y):  # [n, B, c] -> [B, R]
+        return jnp.moveaxis(y, 0, 1).reshape(b, n * c)[:, :r]
+
+    return join(lp), None if ent is None else join(ent)
+
+
+def _grammar_states(batch: Trajectory, grammar):
+    if grammar is None:
+        if batch.fsm_states is not None:
+            raise ValueError("the batch carries fsm_states but no grammar was passed: pass the "
+                             "grammar the rollout sampled under (grammar=...)")
+        return None
+    if batch.fsm_states is not None:
+        return batch.fsm_states
+    from jaxsocial.generation import grammar as grammar_lib
+    return grammar_lib.step_states(grammar, batch.response_tokens, batch.response_mask)
+
+
 def evaluate(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, *,
              with_values: bool = True, with_entropy: bool = False,
-             entropy_grad: bool = False) -> PolicyEval:
+             entropy_grad: bool = False, grammar=None) -> PolicyEval:
     """One policy forward over prompt + response -> PolicyEval, each [B, R] float32.
 
-    cfg supplies the sampling distribution (temperature, top_k, top_p); batch.allowed the
-    grammar mask. Entropy is of the same (masked, tempered, truncated) distribution; it is
-    differentiable only with entropy_grad=True (otherwise it is a logged metric and costs no
-    backward pass over [B, R, V]).
+    cfg supplies the sampling distribution (temperature, top_k, top_p) and `logits_chunk`
+    (0 = auto); `grammar` (a `generation.grammar.Grammar`, passed as a traced argument) with
+    batch.fsm_states [B, R] the grammar masks (replayed from the tokens when fsm_states is
+    None). Log-probs and entropy come from `token_stats` (chunked, no [B, R, V] array).
+    Entropy is of the same (masked, tempered, truncated) distribution; it is differentiable
+    only with entropy_grad=True (otherwise it is a logged metric and costs no backward pass).
     """
     p, r = batch.prompt_len, batch.response_len
     if p < 1:
         raise ValueError("the prompt must have at least one slot (the token before the response)")
     scfg = _sampling(cfg, r)
+    states = _grammar_states(batch, grammar)
     ids, mask = _sequence(batch)
-    logits, hidden = _forward(pdef.graphdef, policy_weights(pdef, params, ref_params), ids,
-                              mask, p, r)
-    logprobs = sampling_lib.token_logprobs(logits, batch.response_tokens, scfg, batch.allowed)
-    entropy = None
-    if with_entropy:
-        ent_logits = logits if entropy_grad else jax.lax.stop_gradient(logits)
-        lp = sampling_lib.log_probs(ent_logits, scfg, batch.allowed)
-        entropy = -jnp.sum(jnp.exp(lp) * lp, axis=-1)
+    hidden, w = _forward(pdef.graphdef, policy_weights(pdef, params, ref_params), ids, mask, p, r)
+    logprobs, entropy = token_stats(hidden, w, batch.response_tokens, scfg, grammar=grammar,
+                                    states=states, chunk=_chunk(cfg), with_entropy=with_entropy,
+                                    entropy_grad=entropy_grad)
     values = None
     if with_values and pdef.has_values:
         if pdef.value_mode == "head":
             if pdef.value_stop_gradient:
                 hidden = jax.lax.stop_gradient(hidden)
         else:
-            _, hidden = _forward(pdef.critic_graphdef, params["value"]["trunk"], ids, mask, p, r)
+            hidden, _ = _forward(pdef.critic_graphdef, params["value"]["trunk"], ids, mask, p, r)
         values = _values(params["value"]["head"], hidden)
     return PolicyEval(logprobs=logprobs, values=values, entropy=entropy)
 
 
-def reference_logprobs(pdef: PolicyDef, ref_params, batch: Trajectory, cfg) -> jax.Array:
+def reference_logprobs(pdef: PolicyDef, ref_params, batch: Trajectory, cfg,
+                       grammar=None) -> jax.Array:
     """Log-probs [B, R] of the response under the frozen reference (same sampling dist)."""
     p, r = batch.prompt_len, batch.response_len
+    states = _grammar_states(batch, grammar)
     ids, mask = _sequence(batch)
-    logits, _ = _forward(pdef.graphdef, ref_params, ids, mask, p, r)
-    return sampling_lib.token_logprobs(logits, batch.response_tokens, _sampling(cfg, r),
-                                       batch.allowed)
+    hidden, w = _forward(pdef.graphdef, ref_params, ids, mask, p, r)
+    return token_stats(hidden, w, batch.response_tokens, _sampling(cfg, r), grammar=grammar,
+                       states=states, chunk=_chunk(cfg))[0]
 
 
-def score_batch(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg):
+def score_batch(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, grammar=None):
     """The rollout scoring pass: (logprobs, ref_logprobs, values), each [B, R] float32 and 0
-    on masked tokens (values 0 when value_mode="none"). No gradients.
+    on masked tokens (values 0 when value_mode="none"). No gradients. `grammar`: the
+    rollout's grammar (with batch.fsm_states, or replayed from the tokens).
 
     Use it to fill a Trajectory: `batch.replace(old_logprobs=lp, ref_logprobs=ref, values=v)`.
     """
     params = jax.lax.stop_gradient(params)
     m = batch.response_mask.astype(jnp.float32)
-    ev = evaluate(pdef, params, ref_params, batch, cfg, with_values=True)
-    ref = reference_logprobs(pdef, ref_params, batch, cfg)
+    ev = evaluate(pdef, params, ref_params, batch, cfg, with_values=True, grammar=grammar)
+    ref = reference_logprobs(pdef, ref_params, batch, cfg, grammar=grammar)
     values = ev.values if ev.values is not None else jnp.zeros_like(ev.logprobs)
     return ev.logprobs * m, ref * m, values * m
+
+
+def _chunk(cfg) -> int:
+    return int(getattr(cfg, "logits_chunk", 0) or 0)
 
 
 def _sampling(cfg, r: int):

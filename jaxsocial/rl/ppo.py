@@ -22,13 +22,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxsocial.rl import common
 from jaxsocial.rl import state as state_lib
 from jaxsocial.rl.buffer import Trajectory, check_trajectory
 
 Array = jax.Array
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
-LR_SCHEDULES = ("constant", "cosine")
+KL_ESTIMATORS = common.KL_ESTIMATORS
+LR_SCHEDULES = common.LR_SCHEDULES
 REWARD_NORMS = ("none", "running")
 
 
@@ -37,30 +38,13 @@ REWARD_NORMS = ("none", "running")
 
 
 @dataclasses.dataclass(frozen=True)
-class PPOConfig:
-    """PPO knobs; defaults from spec/ppo.md (TRL-style token-level PPO)."""
+class PPOConfig(common.OptimConfig):
+    """PPO knobs; defaults from spec/ppo.md (TRL-style token-level PPO). The optimizer, update
+    structure, surrogate, KL and sampling fields come from `common.OptimConfig`."""
 
-    # optimizer: optax.chain(clip_by_global_norm(max_grad_norm), adamw(schedule))
-    learning_rate: float = 3e-6
-    lr_schedule: str = "constant"        # "constant" (after warmup) or "cosine"
-    warmup_steps: int = 0
-    decay_steps: int = 10_000            # cosine only: optimizer steps from peak to end
-    end_lr_ratio: float = 0.0            # cosine only: final lr = ratio * learning_rate
-    weight_decay: float = 0.0
-    adam_b1: float = 0.9
-    adam_b2: float = 0.999
-    adam_eps: float = 1e-8
-    max_grad_norm: float = 1.0
-    # update structure
-    ppo_epochs: int = 4
-    num_minibatches: int = 1
-    grad_accum_steps: int = 1
-    # losses
-    clip_eps: float = 0.2
-    clip_eps_high: Optional[float] = None  # None = symmetric; 0.28 = DAPO clip-higher
+    # value loss
     value_clip: float = 0.2
     vf_coef: float = 0.1
-    ent_coef: float = 0.0
     # advantages
     gamma: float = 1.0
     lam: float = 0.95
@@ -68,59 +52,34 @@ class PPOConfig:
     whiten_rewards: bool = False
     reward_norm: str = "none"            # "running": divide scores by a running std
     reward_clip: Optional[float] = None  # clip (normalised) scores to [-c, c]
-    # KL to the reference
-    kl_estimator: str = "k1"
-    kl_coef: float = 0.05
+    # adaptive KL controller (Ziegler et al. 2019); it starts from kl_coef
     adaptive_kl: bool = False
-    adaptive_kl_init: float = 0.2
+    adaptive_kl_init: Optional[float] = None  # None: start from kl_coef (an explicit start)
     kl_target: float = 6.0
     kl_horizon: float = 10_000.0
-    # responses
-    missing_stop_penalty: float = 0.0    # subtracted from the score if no stop token
-    stop_token_ids: tuple = ()
-    # sampling distribution: must equal the rollout's so the first ratio is 1
-    temperature: float = 0.7
-    top_k: int = 0
-    top_p: float = 1.0
 
     def __post_init__(self):
-        _check_common(self)
+        super().__post_init__()
         if self.reward_norm not in REWARD_NORMS:
             raise ValueError(f"reward_norm={self.reward_norm!r}; choose one of {REWARD_NORMS}")
         if self.value_clip <= 0:
             raise ValueError(f"value_clip must be > 0, got {self.value_clip}")
         if not 0.0 <= self.lam <= 1.0 or not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
+        if self.adaptive_kl and self.kl_coef <= 0 and self.adaptive_kl_init is None:
+            raise ValueError(f"adaptive_kl starts from kl_coef, which must be > 0 "
+                             f"(a multiplicative controller cannot leave 0), got {self.kl_coef}")
 
     @property
     def initial_kl_coef(self) -> float:
-        return self.adaptive_kl_init if self.adaptive_kl else self.kl_coef
-
-    def replace(self, **kw) -> "PPOConfig":
-        return dataclasses.replace(self, **kw)
+        if self.adaptive_kl and self.adaptive_kl_init is not None:
+            return self.adaptive_kl_init
+        return self.kl_coef
 
 
 def _check_common(cfg) -> None:
-    stops = cfg.stop_token_ids
-    stops = (stops,) if isinstance(stops, int) else stops
-    # a tuple of ints keeps the frozen config hashable (it is a static jit argument)
-    object.__setattr__(cfg, "stop_token_ids", tuple(int(t) for t in stops))
-    if cfg.lr_schedule not in LR_SCHEDULES:
-        raise ValueError(f"lr_schedule={cfg.lr_schedule!r}; choose one of {LR_SCHEDULES}")
-    if cfg.kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(f"kl_estimator={cfg.kl_estimator!r}; choose one of {KL_ESTIMATORS}")
-    for name in ("ppo_epochs", "num_minibatches", "grad_accum_steps"):
-        if int(getattr(cfg, name)) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
-    if not 0.0 < cfg.clip_eps < 1.0:
-        raise ValueError(f"clip_eps must be in (0, 1), got {cfg.clip_eps}")
-    if cfg.clip_eps_high is not None and cfg.clip_eps_high <= 0:
-        raise ValueError(f"clip_eps_high must be > 0, got {cfg.clip_eps_high}")
-    if cfg.learning_rate <= 0:
-        raise ValueError(f"learning_rate must be > 0, got {cfg.learning_rate}")
-    if cfg.temperature <= 0:
-        raise ValueError(f"temperature must be > 0 for RL (log-probs of greedy decoding are "
-                         f"not defined), got {cfg.temperature}")
+    """Kept for callers of the old helper: the checks now live in OptimConfig.__post_init__."""
+    common.OptimConfig.__post_init__(cfg)
 
 
 def sampling_config(cfg, max_new_tokens: int):
@@ -351,8 +310,12 @@ def _tree_where(ok, new, old):
 
 def run_epochs(loss_fn: Callable, tx: optax.GradientTransformation, schedule: optax.Schedule,
                state: state_lib.TrainState, rows: Any, *, epochs: int, num_minibatches: int,
-               grad_accum_steps: int, key: Array):
+               grad_accum_steps: int, key: Array, micro_batch: int = 0):
     """epochs x shuffled minibatches (x gradient-accumulation micro-batches) as lax.scan.
+
+    micro_batch > 0 fixes the rows per micro-batch (grad_accum_steps is then minibatch rows /
+    micro_batch); otherwise each minibatch is split into grad_accum_steps micro-batches. Only
+    one micro-batch's activations are live at a time.
 
     rows: pytree whose leaves are [B, ...] (one row per sequence), must contain "mask" [B, T].
     loss_fn(params, ref_params, micro_rows, denom) -> (loss, metrics dict), where every term is
@@ -365,11 +328,9 @@ def run_epochs(loss_fn: Callable, tx: optax.GradientTransformation, schedule: op
     the steps).
     """
     b = jax.tree.leaves(rows)[0].shape[0]
-    per_step = num_minibatches * grad_accum_steps
-    if b % per_step:
-        raise ValueError(f"batch size {b} is not divisible by num_minibatches x "
-                         f"grad_accum_steps = {num_minibatches} x {grad_accum_steps}")
-    micro = b // per_step
+    grad_accum_steps, micro = common.OptimConfig(
+        num_minibatches=num_minibatches, grad_accum_steps=1 if micro_batch else grad_accum_steps,
+        micro_batch=micro_batch).accumulation(b)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def minibatch_step(carry, mb):
@@ -433,11 +394,13 @@ class CompiledUpdate:
         self._jitted = jax.jit(counted, donate_argnums=(0,) if donate else ())
         self.fn = fn
 
-    def __call__(self, state, batch):
-        return self._jitted(state, batch)
+    def __call__(self, state, batch, grammar=None):
+        """grammar: the rollout's `Grammar` when batch.fsm_states is set (a traced argument:
+        its tables are never baked into the program as constants)."""
+        return self._jitted(state, batch, grammar)
 
-    def lower(self, state, batch):
-        return self._jitted.lower(state, batch)
+    def lower(self, state, batch, grammar=None):
+        return self._jitted.lower(state, batch, grammar)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -474,7 +437,8 @@ def rollout_advantages(cfg: PPOConfig, batch: Trajectory, kl_coef: Array,
 def make_update(cfg: PPOConfig, pdef, donate: bool = False) -> CompiledUpdate:
     """Build the jitted PPO update for the policy described by `pdef` (policy.PolicyDef).
 
-    update(state: TrainState, batch: Trajectory) -> (state, metrics) where metrics is a dict
+    update(state: TrainState, batch: Trajectory, grammar=None) -> (state, metrics); grammar is
+    the rollout's `Grammar` when batch.fsm_states is set. metrics is a dict
     of float32 scalars: policy_loss, value_loss, loss, entropy, approx_kl, clip_frac,
     vf_clip_frac, value_error, explained_variance, kl_ref (mean per-sequence k1 to the
     reference), kl_coef, score_mean, reward_mean (token rewards summed per sequence),
@@ -487,10 +451,10 @@ def make_update(cfg: PPOConfig, pdef, donate: bool = False) -> CompiledUpdate:
                          "'critic' (GRPO is the critic-free variant)")
     tx, schedule = make_optimizer(cfg)
 
-    def loss_fn(params, ref_params, rows, denom):
+    def loss_fn(params, ref_params, rows, denom, grammar):
         out = policy_lib.evaluate(pdef, params, ref_params, rows["batch"], cfg,
                                   with_values=True, with_entropy=True,
-                                  entropy_grad=cfg.ent_coef != 0)
+                                  entropy_grad=cfg.ent_coef != 0, grammar=grammar)
         mask = rows["mask"]
         pg, pg_stats = policy_loss(out.logprobs, rows["batch"].old_logprobs, rows["adv"], mask,
                                    cfg.clip_eps, cfg.clip_eps_high, denom["tokens"])
@@ -500,7 +464,7 @@ def make_update(cfg: PPOConfig, pdef, donate: bool = False) -> CompiledUpdate:
         loss = pg + cfg.vf_coef * vl - cfg.ent_coef * ent
         return loss, dict(pg_stats, **v_stats, policy_loss=pg, value_loss=vl, entropy=ent)
 
-    def update(train_state: state_lib.TrainState, batch: Trajectory):
+    def update(train_state: state_lib.TrainState, batch: Trajectory, grammar=None):
         check_trajectory(batch)
         mask = batch.response_mask
         adv, returns, rewards, kl, reward_stats = rollout_advantages(
@@ -508,9 +472,9 @@ def make_update(cfg: PPOConfig, pdef, donate: bool = False) -> CompiledUpdate:
         rng, key = jax.random.split(train_state.rng)
         rows = {"batch": batch, "adv": adv, "returns": returns, "mask": mask}
         new_state, metrics = run_epochs(
-            loss_fn, tx, schedule, train_state, rows, epochs=cfg.ppo_epochs,
-            num_minibatches=cfg.num_minibatches, grad_accum_steps=cfg.grad_accum_steps,
-            key=key)
+            lambda *a: loss_fn(*a, grammar), tx, schedule, train_state, rows,
+            epochs=cfg.ppo_epochs, num_minibatches=cfg.num_minibatches,
+            grad_accum_steps=cfg.grad_accum_steps, micro_batch=cfg.micro_batch, key=key)
         kl_seq = jnp.mean(jnp.sum(kl_penalty(batch.old_logprobs, batch.ref_logprobs, "k1")
                                   * mask, axis=-1))
         kl_state = update_kl_state(cfg, train_state.kl, kl_seq, batch.batch_size)

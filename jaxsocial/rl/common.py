@@ -1,0 +1,139 @@
+"""Settings PPO and GRPO share: the optimizer, the update's structure, the clipped surrogate,
+the KL to the reference, the response rules and the sampling distribution.
+
+`OptimConfig` is the base of `ppo.PPOConfig` and `grpo.GRPOConfig`; each adds its own
+advantage / loss settings. `config_fields` lists the fields a run config may set (everything
+except what the loop takes from the tokenizer and the rollout), which is how
+`jaxsocial/train/loop.py` maps `c.rl` onto these dataclasses under their own field names.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+LR_SCHEDULES = ("constant", "cosine")
+
+# Set by the training loop from the tokenizer and `c.rollout`, not from `c.rl`.
+ROLLOUT_FIELDS = ("stop_token_ids", "temperature", "top_k", "top_p")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """Shared PPO / GRPO knobs (defaults from spec/ppo.md; subclasses override some)."""
+
+    # optimizer: optax.chain(clip_by_global_norm(max_grad_norm), adamw(schedule))
+    learning_rate: float = 3e-6
+    lr_schedule: str = "constant"        # "constant" (after warmup) or "cosine"
+    warmup_steps: int = 0
+    decay_steps: int = 10_000            # cosine only: optimizer steps from peak to end
+    end_lr_ratio: float = 0.0            # cosine only: final lr = ratio * learning_rate
+    weight_decay: float = 0.0
+    adam_b1: float = 0.9
+    adam_b2: float = 0.999
+    adam_eps: float = 1e-8
+    max_grad_norm: float = 1.0
+    # update structure: epochs x minibatches x (micro-batches accumulated per optimizer step)
+    ppo_epochs: int = 4
+    num_minibatches: int = 1
+    grad_accum_steps: int = 1
+    micro_batch: int = 0                 # rows per micro-batch; 0 = minibatch / grad_accum_steps
+    logits_chunk: int = 0                # response positions per log-prob chunk; 0 = auto
+    # clipped surrogate and entropy bonus
+    clip_eps: float = 0.2
+    clip_eps_high: Optional[float] = None  # None = symmetric; 0.28 = DAPO clip-higher
+    ent_coef: float = 0.0
+    # KL to the reference (PPO: in the reward; GRPO: in the loss)
+    kl_coef: float = 0.05                # with PPO's adaptive_kl: the controller's start
+    kl_estimator: str = "k1"
+    # responses
+    missing_stop_penalty: float = 0.0    # subtracted from the score if no stop token
+    stop_token_ids: tuple = ()
+    # sampling distribution: must equal the rollout's so the first ratio is 1
+    temperature: float = 0.7
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        stops = self.stop_token_ids
+        stops = (stops,) if isinstance(stops, int) else stops
+        # a tuple of ints keeps the frozen config hashable (it is a static jit argument)
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stops))
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule={self.lr_schedule!r}; choose one of {LR_SCHEDULES}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"kl_estimator={self.kl_estimator!r}; choose one of "
+                             f"{KL_ESTIMATORS}")
+        for name in ("ppo_epochs", "num_minibatches", "grad_accum_steps"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("micro_batch", "logits_chunk"):
+            if int(getattr(self, name)) < 0:
+                raise ValueError(f"{name} must be >= 0 (0 = automatic), got "
+                                 f"{getattr(self, name)}")
+        if self.micro_batch and self.grad_accum_steps != 1:
+            raise ValueError(f"set micro_batch ({self.micro_batch}) or grad_accum_steps "
+                             f"({self.grad_accum_steps}), not both: micro_batch fixes the "
+                             f"accumulation steps")
+        if not 0.0 < self.clip_eps < 1.0:
+            raise ValueError(f"clip_eps must be in (0, 1), got {self.clip_eps}")
+        if self.clip_eps_high is not None and self.clip_eps_high <= 0:
+            raise ValueError(f"clip_eps_high must be > 0, got {self.clip_eps_high}")
+        if self.learning_rate <= 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 for RL (log-probs of greedy decoding "
+                             f"are not defined), got {self.temperature}")
+
+    def replace(self, **kw):
+        return dataclasses.replace(self, **kw)
+
+    def accumulation(self, batch_rows: int) -> tuple[int, int]:
+        """-> (grad_accum_steps, rows per micro-batch) for a batch of `batch_rows` rows.
+
+        Raises ValueError naming the setting that does not divide the batch.
+        """
+        n = int(self.num_minibatches)
+        if batch_rows % n:
+            raise ValueError(f"batch size {batch_rows} is not divisible by num_minibatches={n}")
+        mb = batch_rows // n
+        if self.micro_batch:
+            if mb % self.micro_batch:
+                raise ValueError(f"micro_batch={self.micro_batch} does not divide the minibatch "
+                                 f"of {mb} rows (batch {batch_rows} / num_minibatches {n})")
+            return mb // self.micro_batch, int(self.micro_batch)
+        k = int(self.grad_accum_steps)
+        if mb % k:
+            raise ValueError(f"batch size {batch_rows} is not divisible by num_minibatches x "
+                             f"grad_accum_steps = {n} x {k}")
+        return k, mb // k
+
+
+def base_field_names() -> tuple:
+    """Field names of OptimConfig a run config sets (ROLLOUT_FIELDS excluded)."""
+    return tuple(f.name for f in dataclasses.fields(OptimConfig)
+                 if f.name not in ROLLOUT_FIELDS)
+
+
+def specific_field_names(cls) -> tuple:
+    """Fields `cls` (PPOConfig / GRPOConfig) adds to OptimConfig."""
+    base = {f.name for f in dataclasses.fields(OptimConfig)}
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in base)
+
+
+def config_fields(cls=OptimConfig, names=None) -> dict:
+    """{name: default} of `cls`'s fields `names` (default: the shared base fields), with
+    Optional defaults (None) as typed ml_collections placeholders so that `--config.rl.x=...`
+    can set them from the command line."""
+    from ml_collections import config_dict
+
+    names = base_field_names() if names is None else names
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in names:
+            continue
+        value = f.default
+        if value is None:
+            value = config_dict.placeholder(float)
+        out[f.name] = value
+    return out
