@@ -141,21 +141,155 @@ def _brute_force_feed(state, params, users, score_fn):
     return np.array(out)
 
 
-def test_twitter_feed_equals_brute_force(world):
+def np_twitter_prior(s, params):
+    """User-independent prior [P] of every slot, and the live non-comment slots by descending
+    prior (ties: lower slot first); the pool is the first `pool_size` of them."""
+    posts = s.posts
+    live = (posts.id >= 0) & (posts.kind != PostKind.COMMENT)
+    age = np.maximum(float(s.tick) - posts.created_at.astype(np.float64), 0.0)
+    prior = (params.w_rec * np.exp(-age / params.recency_tau)
+             + params.w_pop * np.log1p(np.maximum(posts.likes, 0)))
+    return prior, [i for i in np.argsort(-prior, kind="stable") if live[i]]
+
+
+def np_twitter_feed(s, params, u, followees, *, pool_cut=True, use_in_network=True,
+                    use_w_in=True):
+    """The twitter rule for user `u`, written from docs/society.md in NumPy (float64).
+
+    Candidates: the shared pool = the `pool_size` live non-comment posts with the highest
+    user-independent prior `w_rec decay(age) + w_pop log1p(likes)` (ties: lower slot first), plus
+    the latest non-comment post of each followee in `followees` (with repeats, as sampled), with
+    the in-network bonus `w_in`.  Own posts and seen posts are dropped before the cut to the top
+    `K + overfetch` by score; then muted authors and repeated ids (keep the best) are dropped
+    and the top K kept.  Returns (ids [K], scores [K]), -1 / -inf padded.
+    The keyword flags build deliberately broken variants for negative controls.
+    """
+    posts, k = s.posts, params.feed_size
+    live = (posts.id >= 0) & (posts.kind != PostKind.COMMENT)
+    prior, ranked = np_twitter_prior(s, params)
+    interest = s.users.interest[u] / np.linalg.norm(s.users.interest[u])
+    emb = posts.embedding / np.linalg.norm(posts.embedding, axis=1, keepdims=True)
+    score = params.w_sim * (emb @ interest) + prior
+    cands = [(int(posts.id[i]), score[i]) for i in (ranked[:params.pool_size] if pool_cut
+                                                   else ranked)]
+    if use_in_network:
+        for f in followees:
+            mine = np.flatnonzero(live & (posts.author == f))
+            if len(mine):
+                i = mine[np.argmax(posts.id[mine])]
+                cands.append((int(posts.id[i]), score[i] + params.w_in * use_w_in))
+    seen = set(s.memory.seen[u][s.memory.seen[u] >= 0].tolist())
+    muted = set(s.graph.muted[u][s.graph.muted[u] >= 0].tolist())
+    cands = [(pid, sc) for pid, sc in cands
+             if posts.author[pid % posts.id.shape[0]] != u and pid not in seen]
+    cands.sort(key=lambda c: -c[1])
+    out, taken = [], set()
+    for pid, sc in cands[:k + params.overfetch]:
+        if pid in taken or posts.author[pid % posts.id.shape[0]] in muted:
+            continue
+        taken.add(pid)
+        out.append((pid, sc))
+    out = out[:k] + [(-1, -np.inf)] * (k - len(out[:k]))
+    return np.array([o[0] for o in out]), np.array([o[1] for o in out])
+
+
+def twitter_mismatches(feed, s, params, **broken):
+    """Users whose feed equals the NumPy rule for none of the in-network samples the rule
+    allows (I consecutive non-empty followee entries, cyclically, from any offset)."""
+    bad = []
+    ids, scores = np.asarray(feed.ids), np.asarray(feed.score)
+    for u in range(ids.shape[0]):
+        row = s.graph.following[u]
+        e = row[row >= 0]
+        windows = ([[e[(o + j) % len(e)] for j in range(params.in_network)]
+                    for o in range(len(e))] if params.in_network and len(e) else [[]])
+        ok = False
+        for w in windows:
+            want_ids, want_sc = np_twitter_feed(s, params, u, w, **broken)
+            fin = np.isfinite(want_sc)
+            if (np.array_equal(ids[u], want_ids) and np.array_equal(np.isfinite(scores[u]), fin)
+                    and np.allclose(scores[u][fin], want_sc[fin], rtol=1e-5, atol=1e-5)):
+                ok = True
+                break
+        if not ok:
+            bad.append(u)
+    return bad
+
+
+@pytest.fixture(scope="module")
+def twitter_world(world):
+    """The world with a candidate pool smaller than the buffer, in-network candidates, a few
+    comments (never candidates), and follow rows with holes: users 0-9 follow fewer accounts
+    than `in_network` (every followee sampled), users 10-19 more (a random window)."""
     params, state = world
+    params = params.replace(pool_size=16, in_network=4, overfetch=4)
+    rng = np.random.default_rng(7)
+    following = np.full((N, params.max_following), -1, np.int32)
+    for u in range(N):
+        n_f = 2 + (u % 3) if u < 10 else 6 + (u % 4)
+        others = rng.permutation(np.delete(np.arange(N), u))[:n_f]
+        cols = np.sort(rng.choice(params.max_following, n_f, replace=False))
+        following[u, cols] = others
+    kind = np.asarray(state.posts.kind).copy()
+    kind[rng.choice(P, 6, replace=False)] = PostKind.COMMENT
+    author = np.asarray(state.posts.author)
+    last = np.full(N, -1, np.int32)  # users.last_post = latest non-comment post
+    for pid in range(P):
+        if kind[pid] != PostKind.COMMENT:
+            last[author[pid]] = max(last[author[pid]], pid)
+    state = state.replace(
+        posts=state.posts.replace(kind=jnp.asarray(kind)),
+        users=state.users.replace(last_post=jnp.asarray(last)),
+        graph=state.graph.replace(following=jnp.asarray(following)))
+    return params, state
+
+
+@pytest.mark.parametrize("path", ["pool_and_in_network", "whole_buffer"])
+def test_twitter_feed_equals_brute_force(world, twitter_world, path):
+    """The personalized feed equals an independent NumPy version of the rule: on the path every
+    real config takes (pool_size < P, in_network > 0) and on the whole-buffer one."""
+    if path == "whole_buffer":
+        params, state = world
+        params = params.replace(overfetch=P)
+        assert params.pool_size == P and params.in_network == 0
+    else:
+        params, state = twitter_world
+        assert params.pool_size < P and params.in_network > 0
+    s = jax.device_get(state)
+    for key in range(3):  # in-network windows are sampled: several keys
+        feed = rec(jax.random.key(key), state, jnp.arange(N, dtype=jnp.int32), params)
+        assert twitter_mismatches(feed, s, params) == []
+        np.testing.assert_array_equal(np.asarray(feed.slots),
+                                      np.where(np.asarray(feed.valid), np.asarray(feed.ids) % P, 0))
+    assert np.asarray(feed.valid).mean() > 0.9
+    if path == "pool_and_in_network":
+        # Non-trivial: some feed items come from outside the pool (reached in-network only).
+        prior, ranked = np_twitter_prior(s, params)
+        c = params.pool_size
+        assert prior[ranked[c - 1]] - prior[ranked[c]] > 1e-4  # a clear cut (no float ties)
+        pool_ids = s.posts.id[ranked[:c]]
+        in_feed = np.asarray(feed.ids)[np.asarray(feed.valid)]
+        assert (~np.isin(in_feed, pool_ids)).sum() >= 3
+
+
+def test_twitter_brute_force_rejects_broken_rules(twitter_world):
+    """Negative controls: the comparison rejects recommenders that ignore the in-network
+    candidates, the pool cut or the in-network bonus, and reference rules that do."""
+    params, state = twitter_world
+    s = jax.device_get(state)
     users = jnp.arange(N, dtype=jnp.int32)
     feed = rec(jax.random.key(0), state, users, params)
-
-    def score(s, u):
-        age = (int(s.tick) - s.posts.created_at).astype(np.float64)
-        return np_personalized(s.users.interest[u][None], s.posts.embedding, age, s.posts.likes,
-                               0.0, params.w_sim, params.w_rec, params.w_pop, params.w_in,
-                               params.recency_tau)[0]
-
-    want = _brute_force_feed(state, params, range(N), score)
-    np.testing.assert_array_equal(np.asarray(feed.ids), want)
-    assert np.asarray(feed.valid).all()
-    np.testing.assert_array_equal(np.asarray(feed.slots), want % P)
+    assert twitter_mismatches(feed, s, params) == []
+    for broken in (dict(use_in_network=False), dict(pool_cut=False), dict(use_w_in=False)):
+        assert len(twitter_mismatches(feed, s, params, **broken)) >= N // 2, broken
+    for wrong in (params.replace(in_network=0), params.replace(pool_size=P),
+                  params.replace(w_in=0.0)):
+        assert len(twitter_mismatches(rec(jax.random.key(0), state, users, wrong), s,
+                                      params)) >= N // 2, wrong
+    # ... and a feed with two items of one user swapped.
+    ids = np.asarray(feed.ids).copy()
+    ids[3, [0, 1]] = ids[3, [1, 0]]
+    assert twitter_mismatches(feed.replace(ids=jnp.asarray(ids)), s, params) == [3]
 
 
 def test_reddit_feed_equals_brute_force(world):
