@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -108,7 +109,8 @@ def test_memory_bomb():
             "    kids.append(pid)\n"
             "ok = sum(os.waitpid(k, 0)[1] == 0 for k in kids)\n"
             "print('ok', ok)\n")
-    r = sandbox.run(code, **LIMITS)
+    # ~2.5 s on a loaded 2-core host (reclaim at the cgroup limit): a wider wall-clock limit.
+    r = sandbox.run(code, timeout_s=10.0, memory_mb=256, max_processes=16)
     if not sandbox.capabilities()["cgroup"]:
         pytest.skip("no cgroup: only per-process memory limits")
     assert r.stdout in ("ok 0\n", "ok 1\n") or r.status == "crashed", (r.stdout, r.status)
@@ -238,3 +240,74 @@ def test_run_many_keeps_going_and_keeps_order():
     rs = sandbox.run_many(codes, timeout_s=1.0, memory_mb=256, max_processes=16)
     assert [r.status for r in rs] == ["passed", "timeout", "failed", "passed"]
     assert rs[3].stdout == "4\n"
+
+
+def test_result_channel_is_fd_3_and_apart_from_stdout():
+    code = "import os\nprint('out')\nos.write(3, b'[1, 2]')\nos.write(3, b' ')\n"
+    r = sandbox.run(code, result_channel=True, **LIMITS)
+    assert (r.status, r.stdout, r.channel) == ("passed", "out\n", b"[1, 2] ")
+    # Without a channel, fd 3 is closed in the program and nothing comes back.
+    r = sandbox.run(code, **LIMITS)
+    assert r.status == "failed" and "Bad file descriptor" in r.stderr and r.channel is None
+    # A program that never writes it returns an empty channel, however it exits.
+    r = sandbox.run("import os\nos._exit(0)", result_channel=True, **LIMITS)
+    assert (r.status, r.channel) == ("passed", b"")
+
+
+def _world_readable_host_file(directory):
+    fd, path = tempfile.mkstemp(prefix="jaxsocial-sandbox-secret-", dir=directory)
+    os.write(fd, b"secret")
+    os.close(fd)
+    os.chmod(path, 0o644)
+    return path
+
+
+@pytest.mark.parametrize("pivot", [True, False], ids=["pivot_root", "chroot"])
+def test_filesystem_shows_only_the_interpreter(monkeypatch, pivot):
+    if sandbox.capabilities()["view"] is None:
+        pytest.skip("no private filesystem view on this host")
+    if not pivot:  # the fallback where pivot_root is unavailable
+        monkeypatch.setattr(sandbox, "_PIVOT_ROOT_NR", {})
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(sandbox.__file__)))
+    host_tmp = _world_readable_host_file("/tmp")
+    try:
+        hidden = [os.path.join(checkout, "jaxsocial", "train", "code_problems.py"),
+                  os.path.abspath(sandbox.__file__), checkout, host_tmp, "/etc/passwd", "/var",
+                  "/bin/sh", "/proc/1/root" + os.path.abspath(sandbox.__file__),
+                  "/proc/self/root" + os.path.abspath(sandbox.__file__)]
+        # Home directories too, unless the interpreter itself lives in one.
+        shown = [op[1] for op in sandbox.capabilities()["view"]]
+        hidden += [d for d in ("/root", "/home", os.path.expanduser("~"), "/usr/local")
+                   if d != "/" and not any(p.startswith(d + "/") for p in shown)]
+        code = ("import collections, decimal, hashlib, json, math, os, re, sys\n"
+                f"hidden = {hidden!r}\n"
+                "print(json.dumps([p for p in hidden if os.path.exists(p)]))\n"
+                "print(sorted(os.listdir('/')))\n"
+                "try:\n"
+                "    open(os.path.join(os.path.dirname(os.__file__), 'x.py'), 'w')\n"
+                "    print('wrote the stdlib')\n"
+                "except OSError:\n"
+                "    print('stdlib read-only')\n"
+                "print([p for p in sys.path if 'packages' in p and os.listdir(p)])\n")
+        r = sandbox.run(code, **LIMITS)
+    finally:
+        os.remove(host_tmp)
+    assert r.status == "passed", r.stderr
+    found, top, write, site = r.stdout.splitlines()
+    assert found == "[]"
+    tops = {"dev", "proc", "tmp"} | {op[1].split("/")[1] for op in sandbox.capabilities()["view"]}
+    assert "tmp" in eval(top) and set(eval(top)) <= tops, top  # noqa: S307 (our own output)
+    assert write == "stdlib read-only"
+    assert site == "[]"  # site-packages (this project, if installed) are empty
+
+
+def test_without_the_view_the_host_files_are_visible(monkeypatch):
+    # Negative control for the test above: the same probe sees the checkout with no view.
+    if not sandbox.capabilities()["namespaces"]:
+        pytest.skip("no namespaces on this host")
+    monkeypatch.setitem(sandbox.capabilities(), "view", None)
+    path = os.path.abspath(sandbox.__file__)
+    if not all(os.stat(p).st_mode & 0o005 for p in (path, os.path.dirname(path))):
+        pytest.skip("the checkout is not world-readable here")
+    r = sandbox.run(f"print(len(open({path!r}).read()) > 0)", **LIMITS)
+    assert (r.status, r.stdout) == ("passed", "True\n")

@@ -6,8 +6,14 @@ Each program gets, where the OS allows it:
   of a tiny init that is PID 1 of the namespace; when that init dies the kernel kills every
   process left in the namespace, double-forked daemons included. The network namespace has only a
   down loopback, so no socket reaches anything.
-- a fresh tmpfs mounted over ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/run/lock`` (the only
-  world-writable places), holding its working directory; it vanishes with the namespace.
+- a filesystem of its own (``capabilities()["view"]``): a read-only tmpfs root holding
+  read-only binds of the interpreter, its standard library (lib-dynload included), the shared
+  libraries these load (found with ``ldd``), ``/etc/ld.so.cache`` and five device nodes, a fresh
+  ``/proc`` and private tmpfs for ``/tmp`` (its working directory) and ``/dev/shm``; entered
+  with pivot_root (the host's tree is detached) or, where that fails, chroot. So no checkout,
+  home directory, host temporary file, site-packages, ``/etc`` or shell. Where this cannot be
+  built (probed once), a fresh tmpfs over ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/run/lock``
+  instead, and every world-readable host file is visible (warned).
 - an unprivileged, per-run uid/gid (no supplementary groups, ``no_new_privs``): it cannot write
   anything the host owns, read or signal the caller's processes (which also are invisible in its
   ``/proc``).
@@ -21,7 +27,11 @@ After every run the host checks that no process of the run's uid is left (and SI
 finds, reporting it in ``SandboxResult.leaked``). Primitives that are unavailable (not root, no
 namespaces, no cgroup) are skipped with a one-time warning; see ``capabilities()``.
 
-The program passes when it exits with status 0.
+The program "passes" when it exits with status 0. With ``run(..., result_channel=True)`` it
+also gets the write end of a pipe on fd 3, returned as ``SandboxResult.channel``: a way for a
+harness to return values for the caller to check (`jaxsocial.train.code_problems` does). Both
+are the program's to choose: a caller scoring untrusted code must decide from values it checks
+itself, not from the exit status or a marker the program could print.
 """
 
 from __future__ import annotations
@@ -87,6 +97,8 @@ if cfg["namespaces"] and libc.unshare(cfg["ns_flags"]) != 0:
 stage1 = os.getpid()
 init = os.fork()
 if init:
+    if cfg["channel_fd"] is not None:
+        os.close(cfg["channel_fd"])
     while True:
         try:
             pid, st = os.waitpid(init, 0)
@@ -99,17 +111,66 @@ if init:
 die_with_parent(0 if cfg["namespaces"] else stage1)
 uid, gid = cfg["uid"], cfg["gid"]
 if cfg["namespaces"]:
-    MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+    MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+
+    def mount(src, dst, fstype, flags, data=None):
+        if libc.mount(src, dst.encode(), fstype, flags, data) != 0:
+            fail("mounting %s failed: errno %d" % (dst, ctypes.get_errno()))
+
     # Private first: nothing mounted below may propagate back to the host's mount table.
     if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
         fail("making / private failed: errno %d" % ctypes.get_errno())
-    if libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
-        fail("mounting /proc failed: errno %d" % ctypes.get_errno())
     opts = ("size=%dk,mode=1777" % cfg["tmpfs_kb"]).encode()
-    for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
-        if os.path.isdir(d) and not os.path.islink(d):
-            if libc.mount(b"tmpfs", d.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
-                fail("mounting tmpfs on %s failed: errno %d" % (d, ctypes.get_errno()))
+    view = cfg["view"]
+    if view is None:
+        mount(b"proc", "/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
+            if os.path.isdir(d) and not os.path.islink(d):
+                mount(b"tmpfs", d, b"tmpfs", MS_NOSUID | MS_NODEV, opts)
+    else:
+        # A new root on a tmpfs (over this namespace's /tmp) holding only read-only binds of the
+        # interpreter, its standard library and shared libraries, five device nodes, /proc, and
+        # private tmpfs for /tmp and /dev/shm; then pivot_root into it and detach the old root.
+        new = "/tmp"
+        mount(b"tmpfs", new, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1024k,mode=755")
+        for op in view:
+            kind, path = op[0], new + op[1]
+            if kind == "bind" or kind == "dev":
+                if os.path.isdir(op[1]):
+                    os.makedirs(path, 0o755, exist_ok=True)
+                else:
+                    os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
+                    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+                mount(op[1].encode(), path, None, MS_BIND)
+                mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID
+                      | (0 if kind == "dev" else MS_NODEV))
+            elif kind == "link":
+                os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
+                os.symlink(op[2], path)
+            elif kind == "hide":
+                mount(b"tmpfs", path, b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                      b"size=4k,mode=755")
+            else:
+                fail("unknown view entry %r" % (op,))
+        for d in ("/tmp", "/dev/shm", "/proc"):
+            os.makedirs(new + d, 0o755, exist_ok=True)
+        for d in ("/tmp", "/dev/shm"):
+            mount(b"tmpfs", new + d, b"tmpfs", MS_NOSUID | MS_NODEV, opts)
+        mount(b"proc", new + "/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                             ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+            os.symlink(target, new + "/dev/" + name)
+        mount(None, new, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        os.chdir(new)
+        nr = cfg["pivot_root_nr"]
+        if nr is not None and libc.syscall(nr, b".", b".") == 0:
+            # The old root now lies under the new one at "."; detach it (MNT_DETACH).
+            if libc.umount2(b".", 2) != 0:
+                fail("detaching the old root failed: errno %d" % ctypes.get_errno())
+        else:  # e.g. an initramfs root: chroot, which the unprivileged uid cannot leave
+            os.chroot(".")
+        os.chdir("/")
     workdir = "/tmp/sandbox"
     os.mkdir(workdir, 0o700)
 else:
@@ -128,7 +189,10 @@ if child == 0:
         os.setsid()
         devnull = os.open("/dev/null", os.O_RDONLY)
         os.dup2(devnull, 0)
-        os.closerange(3, 1 << 16)
+        if cfg["channel_fd"] is not None:  # the result channel, on fd 3
+            os.dup2(cfg["channel_fd"], 3)
+            os.set_inheritable(3, True)
+        os.closerange(3 if cfg["channel_fd"] is None else 4, 1 << 16)
         for name, value in cfg["rlimits"]:
             resource.setrlimit(getattr(resource, name), (value, value))
         if cfg["drop_uid"]:
@@ -143,6 +207,8 @@ if child == 0:
     except BaseException as e:
         os.write(2, ("[sandbox] could not start the program: %r\n" % (e,)).encode())
     os._exit(127)
+if cfg["channel_fd"] is not None:  # only the program (and its children) may hold it open
+    os.close(cfg["channel_fd"])
 # PID 1 reaps every orphan until the program itself is done; returning kills the namespace.
 while True:
     try:
@@ -176,10 +242,11 @@ class SandboxResult:
     duration_s: float
     truncated: bool = False
     leaked: int = 0  # processes of the run's uid found (and killed) after it ended
+    channel: bytes | None = None  # what the program wrote to fd 3 (run(result_channel=True))
 
 
 _warned: set[str] = set()
-_caps_lock = threading.Lock()
+_caps_lock = threading.RLock()
 _caps: dict | None = None
 
 
@@ -251,8 +318,126 @@ def _cgroup_roots() -> dict:
     return roots if len(roots) == 2 else {}
 
 
+# Asked of the sandbox's interpreter: where its executable, standard library (with lib-dynload)
+# and site-packages are.
+_VIEW_QUERY = r'''
+import json, os, site, sys, sysconfig
+p = sysconfig.get_paths()
+stdlib = [p["stdlib"], p["platstdlib"]] + [d for d in sys.path if d.endswith("lib-dynload")]
+sites = site.getsitepackages() + [site.getusersitepackages(), p["purelib"], p["platlib"]]
+print(json.dumps({"stdlib": stdlib, "site": sites}))
+'''
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+# pivot_root(2) has no glibc wrapper; its syscall number per architecture (else chroot).
+_PIVOT_ROOT_NR = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "ppc64": 203,
+                  "s390x": 217, "i686": 217, "armv7l": 218}
+
+
+def _resolve_into(path: str, binds: set, links: dict, depth: int = 0) -> None:
+    """Make absolute `path` resolvable inside the view: every symlink on the way is recreated
+    (in `links`) and followed; the real path at the end is bound (added to `binds`)."""
+    if depth > 40:
+        raise OSError(f"too many symlinks resolving {path}")
+    parts = [p for p in path.split("/") if p]
+    cur = ""
+    for i, part in enumerate(parts):
+        cur += "/" + part
+        if os.path.islink(cur):
+            target = os.readlink(cur)
+            links[cur] = target
+            rest = "/".join(parts[i + 1:])
+            real = os.path.normpath(os.path.join(os.path.dirname(cur), target))
+            _resolve_into(real + ("/" + rest if rest else ""), binds, links, depth + 1)
+            return
+    if os.path.exists(cur):
+        binds.add(cur)
+
+
+def _shared_library_dirs(files: Sequence[str]) -> set:
+    """Directories of the shared libraries `files` load (as the dynamic loader names them and
+    as they really are), from ``ldd``; the usual library directories when ldd is missing."""
+    try:
+        out = subprocess.run(["ldd", *files], capture_output=True, text=True, env={},
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    libs = set()
+    for line in out.splitlines():
+        tok = line.split()
+        if "=>" in tok and tok.index("=>") + 1 < len(tok):
+            tok = tok[tok.index("=>") + 1:]
+        if tok and tok[0].startswith("/") and not tok[0].endswith(":"):
+            libs.add(tok[0])
+    if not libs:
+        _warn_once("ldd", "ldd gave no answer; the sandbox's view binds the usual library "
+                   "directories whole")
+        return {d for d in ("/lib", "/lib64", "/usr/lib", "/usr/lib64") if os.path.isdir(d)}
+    return {os.path.dirname(p) for p in libs} | {os.path.dirname(os.path.realpath(p))
+                                                  for p in libs}
+
+
+def _view_plan(python: str) -> list:
+    """The sandbox's whole filesystem, as entries ("bind", path) (read-only bind of the host
+    path), ("link", path, target), ("hide", path) (an empty read-only tmpfs over a directory
+    the binds would show) and ("dev", path): the interpreter, its standard library, the shared
+    libraries it and its extension modules load, /etc/ld.so.cache and five device nodes.
+    /proc, /tmp and /dev/shm are added by the init. No site-packages, no home, no checkout."""
+    info = json.loads(subprocess.run([python, "-I", "-c", _VIEW_QUERY], capture_output=True,
+                                     text=True, env={}, timeout=60, check=True).stdout)
+    stdlib = [d for d in dict.fromkeys(info["stdlib"]) if os.path.isdir(d)]
+    ext = [os.path.join(d, f) for d in stdlib if d.endswith("lib-dynload")
+           for f in sorted(os.listdir(d)) if f.endswith(".so")]
+    binds, links = set(), {}
+    wanted = [python, *stdlib, *_shared_library_dirs([python, *ext])]
+    if os.path.isfile("/etc/ld.so.cache"):
+        wanted.append("/etc/ld.so.cache")
+    for path in wanted:
+        _resolve_into(os.path.abspath(path), binds, links)
+
+    def inside(path, dirs):
+        return any(path.startswith(d.rstrip("/") + "/") for d in dirs)
+
+    binds = sorted(b for b in binds if not inside(b, binds))  # a bound dir shows its subdirs
+    plan = [("bind", b) for b in binds]
+    plan += [("link", p, t) for p, t in sorted(links.items()) if not inside(p, binds)]
+    hides = {os.path.realpath(d) for d in info["site"] if d}
+    plan += [("hide", d) for d in sorted(hides) if os.path.isdir(d) and inside(d, binds)]
+    plan += [("dev", d) for d in _DEVICES if os.path.exists(d)]
+    return plan
+
+
+# Run in a sandbox with the view: must import the common standard library and see none of
+# the paths listed (filled in at probe time).
+_VIEW_PROBE = r'''
+import collections, datetime, decimal, hashlib, heapq, itertools, json, math, os, random, re
+print(json.dumps([p for p in %r if os.path.exists(p)]))
+'''
+
+
+def _probe_view(caps: dict) -> list | None:
+    try:
+        plan = _view_plan(caps["python"])
+    except (OSError, ValueError, KeyError, subprocess.SubprocessError) as e:
+        _warn_once("view", f"could not plan a private filesystem view ({e}); sandboxed "
+                   "programs can read every world-readable host file")
+        return None
+    here = os.path.abspath(__file__)
+    hidden = [here, os.path.dirname(here), "/etc/passwd"]
+    r = _run(dict(caps, view=plan), _VIEW_PROBE % (hidden,), 30.0, 256, 16, 16, 64, 1 << 16,
+             caps["python"], False)
+    if r.status != "passed" or r.stdout.strip() != "[]":
+        why = r.stdout.strip() or r.reason + ": " + (r.stderr.strip().splitlines() or [""])[-1]
+        _warn_once("view", f"the private filesystem view does not work here ({why}); "
+                   "sandboxed programs can read every world-readable host file")
+        return None
+    return plan
+
+
 def capabilities() -> dict:
-    """Which containment primitives this host offers (probed once, cached)."""
+    """Which containment primitives this host offers (probed once, cached).
+
+    Keys: drop_uid, namespaces, cgroup, python (the interpreter programs run with), view (the
+    filesystem the program sees, see `_view_plan`; None when the host's files are visible)."""
     global _caps
     with _caps_lock:
         if _caps is None:
@@ -262,7 +447,13 @@ def capabilities() -> dict:
                 "namespaces": _probe_namespaces(),
                 "cgroup": _cgroup_roots() if root else {},
                 "python": _default_python(),
+                "view": None,
             }
+            if caps["namespaces"]:
+                caps["view"] = _probe_view(caps)
+            else:
+                _warn_once("view", "no mount namespace: sandboxed programs can read every "
+                           "world-readable host file")
             if not caps["drop_uid"]:
                 _warn_once("uid", "not running as root: programs keep the caller's uid "
                            "(RLIMIT_NPROC counts all of the caller's processes; files the "
@@ -294,7 +485,7 @@ def _uid_pids(uid: int) -> list[int]:
     return pids
 
 
-def _kill_uid(uid: int, wait_s: float = 0.0) -> int:
+def _kill_uid(uid: int, python: str, wait_s: float = 0.0) -> int:
     """SIGKILL every process of `uid` still alive after `wait_s` (time for a dying PID namespace
     to empty itself); returns how many were left. kill(-1) issued *as* that uid reaches exactly
     its processes, atomically with respect to forks."""
@@ -306,7 +497,7 @@ def _kill_uid(uid: int, wait_s: float = 0.0) -> int:
     for _ in range(50):
         if not _uid_pids(uid):
             break
-        subprocess.run([capabilities()["python"], "-I", "-S", "-c",
+        subprocess.run([python, "-I", "-S", "-c",
                         "import os,signal; os.kill(-1, signal.SIGKILL)"],
                        user=uid, group=uid, extra_groups=[], env={}, check=False)
         time.sleep(0.01)
@@ -380,17 +571,43 @@ def _check_args(code, timeout_s, memory_mb, max_processes, max_file_mb, max_outp
 
 def run(code: str | bytes, timeout_s: float = 10.0, memory_mb: int = 1024, *,
         max_processes: int = 32, max_file_mb: int = 16, max_open_files: int = 64,
-        max_output_bytes: int = 1 << 20, python: str | None = None) -> SandboxResult:
+        max_output_bytes: int = 1 << 20, python: str | None = None,
+        result_channel: bool = False) -> SandboxResult:
     """Run Python source `code` as ``python -I program.py`` in a fresh sandbox.
 
     timeout_s: wall-clock seconds for the program (setup excluded); RLIMIT_CPU = ceil + 1.
     memory_mb: RLIMIT_AS/RLIMIT_DATA per process and, with a cgroup, the whole tree's memory.
     max_processes: RLIMIT_NPROC (and cgroup pids.max). max_file_mb: RLIMIT_FSIZE and tmpfs size.
-    max_output_bytes: cap on each of stdout/stderr; a program exceeding it is killed and
-    reported "failed" with ``truncated=True``.
+    max_output_bytes: cap on each of stdout/stderr (and the result channel); a program
+    exceeding it is killed and reported "failed" with ``truncated=True``.
+    result_channel: the program finds the write end of a pipe on fd 3; what it writes there
+    comes back as ``SandboxResult.channel``, apart from stdout. It is as much the program's as
+    stdout is: a caller scoring the program must check its content, not trust it.
     """
     _check_args(code, timeout_s, memory_mb, max_processes, max_file_mb, max_output_bytes)
     caps = capabilities()
+    if python and python != caps["python"] and caps["view"] is not None:
+        caps = dict(caps, view=_other_view(python))
+    return _run(caps, code, timeout_s, memory_mb, max_processes, max_file_mb, max_open_files,
+                max_output_bytes, python or caps["python"], result_channel)
+
+
+_other_views: dict = {}
+
+
+def _other_view(python: str) -> list | None:
+    with _caps_lock:
+        if python not in _other_views:
+            try:
+                _other_views[python] = _view_plan(python)
+            except (OSError, ValueError, KeyError, subprocess.SubprocessError) as e:
+                _warn_once("view-" + python, f"no private filesystem view for {python} ({e})")
+                _other_views[python] = None
+        return _other_views[python]
+
+
+def _run(caps, code, timeout_s, memory_mb, max_processes, max_file_mb, max_open_files,
+         max_output_bytes, python, result_channel) -> SandboxResult:
     data = code.encode("utf-8") if isinstance(code, str) else code
     uid = _allocate_uid() if caps["drop_uid"] else os.getuid()
     gid = uid if caps["drop_uid"] else os.getgid()
@@ -405,12 +622,14 @@ def run(code: str | bytes, timeout_s: float = 10.0, memory_mb: int = 1024, *,
     if caps["drop_uid"]:  # for a shared uid this would count the caller's own processes
         rlimits.append(("RLIMIT_NPROC", max_processes))
     status_r, status_w = os.pipe()
+    chan_r, chan_w = os.pipe() if result_channel else (None, None)
     cfg = {
         "status_fd": status_w, "host_pid": os.getpid(), "uid": uid, "gid": gid,
         "drop_uid": caps["drop_uid"], "namespaces": caps["namespaces"], "ns_flags": _NS_FLAGS,
         "cgroup_procs": [os.path.join(d, "cgroup.procs") for d in cgroups],
         "tmpfs_kb": (max_file_mb << 10) * 2, "workdir": workdir, "rlimits": rlimits,
-        "python": python or caps["python"],
+        "python": python, "view": caps["view"] if caps["namespaces"] else None,
+        "pivot_root_nr": _PIVOT_ROOT_NR.get(os.uname().machine), "channel_fd": chan_w,
         "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
                 "PYTHONHASHSEED": "0"},
     }
@@ -419,17 +638,23 @@ def run(code: str | bytes, timeout_s: float = 10.0, memory_mb: int = 1024, *,
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", _INIT_SOURCE, json.dumps(cfg)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=(status_w,), env={}, start_new_session=True, close_fds=True)
+            pass_fds=(status_w,) + ((chan_w,) if result_channel else ()), env={},
+            start_new_session=True, close_fds=True)
     finally:
         os.close(status_w)
+        if chan_w is not None:
+            os.close(chan_w)
     try:
-        result = _supervise(proc, data, status_r, timeout_s, max_output_bytes, t0)
+        result = _supervise(proc, data, status_r, chan_r, timeout_s, max_output_bytes, t0)
     finally:
         os.close(status_r)
+        if chan_r is not None:
+            os.close(chan_r)
         if proc.poll() is None:
             _killpg(proc)
         proc.wait()
-        leaked = _kill_uid(uid, 2.0 if caps["namespaces"] else 0.0) if caps["drop_uid"] else 0
+        leaked = (_kill_uid(uid, python, 2.0 if caps["namespaces"] else 0.0)
+                  if caps["drop_uid"] else 0)
         _remove_cgroups(cgroups)
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -445,22 +670,25 @@ def _killpg(proc: subprocess.Popen) -> None:
         pass
 
 
-def _supervise(proc, data, status_r, timeout_s, cap, t0) -> SandboxResult:
+def _supervise(proc, data, status_r, chan_r, timeout_s, cap, t0) -> SandboxResult:
     try:
         proc.stdin.write(data)
         proc.stdin.close()
     except BrokenPipeError:
         pass
     sel = selectors.DefaultSelector()
-    bufs = {"stdout": bytearray(), "stderr": bytearray(), "status": bytearray()}
+    bufs = {"stdout": bytearray(), "stderr": bytearray(), "status": bytearray(),
+            "channel": bytearray()}
     sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
     sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
     sel.register(status_r, selectors.EVENT_READ, "status")
+    if chan_r is not None:
+        sel.register(chan_r, selectors.EVENT_READ, "channel")
     setup_deadline = t0 + max(30.0, timeout_s)  # a loaded host can be slow to start Python
     deadline = None
     started = None
     timed_out = truncated = False
-    open_streams = 3
+    open_streams = 3 if chan_r is None else 4
     while open_streams:
         now = time.monotonic()
         if deadline is None and b"started\n" in bufs["status"]:
@@ -509,7 +737,8 @@ def _supervise(proc, data, status_r, timeout_s, cap, t0) -> SandboxResult:
     final = next((ln for ln in reversed(lines) if ln and ln != "started"), "")
 
     def res(status, rc, reason):
-        return SandboxResult(status, out, err, rc, reason, duration, truncated)
+        return SandboxResult(status, out, err, rc, reason, duration, truncated,
+                             channel=None if chan_r is None else bytes(bufs["channel"]))
 
     if timed_out:
         return res("timeout", None, f"wall-clock timeout after {timeout_s:g}s"
