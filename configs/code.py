@@ -1,6 +1,8 @@
 """The code-oriented environment: seed posts are programming problems; agents answer in
-comments and react; an answer whose code passes the problem's tests in the sandbox earns a
-verifiable bonus on top of its likes.
+comments and react; an answer whose function returns the expected output on each of the
+problem's input/output cases earns a verifiable bonus on top of its likes. The code runs in the
+sandbox (which shows it no project file); the host compares the values it returns
+(`jaxsocial.train.code_problems.verify`).
 
     python launch/train.py --config=configs/code.py --config.model.checkpoint=/path/to/llama
     python launch/train.py --config=configs/code.py:smoke
