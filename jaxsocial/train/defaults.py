@@ -50,13 +50,20 @@ def base_config() -> ml_collections.ConfigDict:
         non_post_baseline=False,  # True: it gets the epoch's mean post score instead
         normalize="none",    # "none" | "whiten" (per epoch) | "running"
     ))
+    # Every PPOConfig / GRPOConfig field under its own name, with the dataclass defaults
+    # (shared fields: PPO's; table in docs/rl.md): learning_rate=3e-6, ppo_epochs=4,
+    # num_minibatches=1, micro_batch=0 (rows per gradient-accumulation micro-batch; 0 = the
+    # whole minibatch), logits_chunk=0 (auto), clip_eps=0.2, kl_coef=0.05 (adaptive_kl: its
+    # start), lr_schedule, clip_eps_high, kl_target, loss_aggregation, ... Sampling fields come
+    # from c.rollout, reward_norm from c.reward.normalize.
+    from jaxsocial.rl import common as rl_common
     c.rl = ml_collections.ConfigDict(dict(
         algo="ppo",          # "ppo" | "grpo"
-        lr=3e-6, warmup_steps=0, max_grad_norm=1.0, weight_decay=0.0,
-        ppo_epochs=4, minibatches=1, clip_eps=0.2, value_clip=0.2, vf_coef=0.1,
-        entropy_coef=0.0, gamma=1.0, lam=0.95, kl_coef=0.05, kl_estimator="k1",
-        adaptive_kl=False, value_mode="head",
-        lora_rank=0, lora_alpha=16.0))  # lora_rank > 0: train adapters only (ref = base)
+        value_mode="head",   # PPO critic: "head" | "critic"
+        lora_rank=0, lora_alpha=16.0,  # lora_rank > 0: train adapters only (ref = base)
+        **rl_common.run_config_fields()))
+    c.rl.group_size = 0      # GRPO: 0 = the agents acting in one tick form a group
+    rl_common.add_aliases(c.rl)  # rl.lr, rl.minibatches, rl.entropy_coef: old names, same values
     c.train = ml_collections.ConfigDict(dict(
         epochs=4, checkpoint_every=1, keep_checkpoints=3, log_samples=4, export_hf=True))
     # Verifiable bonus for answers to programming problems (configs/code.py).

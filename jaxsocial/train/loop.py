@@ -121,6 +121,20 @@ def _text_bank(tokenizer, texts, length: int) -> np.ndarray:
     return out
 
 
+class _BindGrammar:
+    """A jitted function called with `grammar=` bound: `f(*args)` / `f.lower(*args)` pass the
+    grammar pytree as a traced argument of the compiled program (never a baked constant)."""
+
+    def __init__(self, jitted, grammar):
+        self.jitted, self.grammar = jitted, grammar
+
+    def __call__(self, *args):
+        return self.jitted(*args, grammar=self.grammar)
+
+    def lower(self, *args):
+        return self.jitted.lower(*args, grammar=self.grammar)
+
+
 class SocialRL:
     """Host-side set-up of one Social-RL run, and its compiled epoch pieces."""
 
@@ -183,7 +197,7 @@ class SocialRL:
         self.pdef = pdef
         self._init_params, self._init_ref = params, ref
         make = grpo_lib.make_update if c.rl.algo == "grpo" else ppo_lib.make_update
-        self.update = make(self.rl_config, pdef)
+        self.update = make(self.rl_config, pdef, grammar=self.grammar)
         # Frozen post encoder: reference hidden states, mean-pooled, fixed random projection.
         h, d = model.config.hidden_size, self.params.embed_dim
         self.projection = jax.random.normal(jax.random.key(int(c.seed) + 7919), (h, d)) / np.sqrt(h)
@@ -195,28 +209,34 @@ class SocialRL:
         # component, which would make every agent post look alike to the crowd).
         self.embed_center = self._pooled(self._init_ref, self.text_bank).mean(0)
         self._check_memory(c)
-        self._rollout = jax.jit(self._rollout_fn)
-        self._score = jax.jit(self._score_fn)
+        # The grammar enters each compiled program as an argument: closed over, XLA would bake
+        # its [S, V] tables in as constants (and spend minutes constant-folding them).
+        self._rollout = _BindGrammar(jax.jit(self._rollout_fn), self.grammar)
+        self._score = _BindGrammar(jax.jit(self._score_fn), self.grammar)
 
     # ------------------------------------------------------------------------------------------
     # set-up
 
     def _rl_config(self, c):
-        common = dict(learning_rate=float(c.rl.lr), warmup_steps=int(c.rl.warmup_steps),
-                      max_grad_norm=float(c.rl.max_grad_norm),
-                      weight_decay=float(c.rl.weight_decay), ppo_epochs=int(c.rl.ppo_epochs),
-                      num_minibatches=int(c.rl.minibatches), clip_eps=float(c.rl.clip_eps),
-                      ent_coef=float(c.rl.entropy_coef), kl_coef=float(c.rl.kl_coef),
-                      kl_estimator=c.rl.kl_estimator, stop_token_ids=self.stop_ids,
-                      temperature=float(c.rollout.temperature), top_k=int(c.rollout.top_k),
-                      top_p=float(c.rollout.top_p))
+        """PPOConfig / GRPOConfig from `c.rl`: every dataclass field under its own name
+        (`rl_common.from_run_config`; unknown keys are one error naming them). Sampling comes
+        from c.rollout and the tokenizer, PPO's reward_norm from c.reward.normalize."""
+        from jaxsocial.rl import common as rl_common
+        group = int(c.rl.get("group_size", 0) or 0)
         if c.rl.algo == "grpo":
-            # Group = the agents acting in the same tick (a tick-level baseline): the society
-            # applies one answer per agent, so there are no repeated samples of one prompt.
-            return grpo_lib.GRPOConfig(group_size=self.active, **common)
-        return ppo_lib.PPOConfig(value_clip=float(c.rl.value_clip), vf_coef=float(c.rl.vf_coef),
-                                 gamma=float(c.rl.gamma), lam=float(c.rl.lam),
-                                 adaptive_kl=bool(c.rl.adaptive_kl), **common)
+            # Default group = the agents acting in the same tick (a tick-level baseline): the
+            # society applies one answer per agent, so there are no repeated samples of one
+            # prompt. A smaller group must split the tick's rows evenly.
+            group = group or self.active
+            if self.active % group:
+                raise ValueError(f"rl.group_size={group} must divide the agents acting per tick "
+                                 f"({self.active}): a group never spans two ticks")
+        return rl_common.from_run_config(
+            c.rl, loop_keys=("value_mode", "lora_rank", "lora_alpha"),
+            stop_token_ids=self.stop_ids, temperature=float(c.rollout.temperature),
+            top_k=int(c.rollout.top_k), top_p=float(c.rollout.top_p), group_size=group,
+            # running reward std: kept in TrainState.reward_stats
+            reward_norm="running" if c.reward.normalize == "running" else "none")
 
     def _check_memory(self, c) -> None:
         """Warn before a run that cannot fit (when the backend reports device memory)."""
@@ -227,7 +247,7 @@ class SocialRL:
         est = memory.estimate(
             self.model_config, tuple(self.mesh.shape.values()), batch=self.active,
             prompt_len=self.template.max_len, response_len=self.sampling.max_new_tokens,
-            train_micro_batch=max(1, ticks * self.active // int(c.rl.minibatches)),
+            train_micro_batch=self.rl_config.accumulation(ticks * self.active)[1],
             lora_rank=int(c.rl.lora_rank), remat=self.model_config.remat)
         memory.check_fits(est, device_bytes)
 
@@ -321,7 +341,7 @@ class SocialRL:
         crowd_posts = jnp.sum((after.posts.id != before.posts.id) & (after.posts.author >= a))
         return deltas, after.posts.id, followers, crowd_posts
 
-    def _rollout_fn(self, params, ref_params, soc: SocialState, key: Array):
+    def _rollout_fn(self, params, ref_params, soc: SocialState, key: Array, grammar=None):
         a = self.num_agents
         weights = policy_lib.policy_weights(self.pdef, params, ref_params)
         graphdef = self.pdef.graphdef
@@ -338,7 +358,7 @@ class SocialRL:
             feed_authors = jnp.where(feed.valid, soc.posts.author[feed.slots], -1)
             ids, mask = prompting.assemble(self.template, agents, feed_tokens, feed.valid)
             out = generate_from_state(graphdef, weights, ids, mask, k_gen,
-                                                   self.sampling, self.grammar)
+                                                   self.sampling, grammar)
             parsed = agent_actions.parse(self.vocab, out.tokens, out.mask,
                                          self.params.content_len)
             emb = self._embed(ref_params, parsed.content)
@@ -421,7 +441,7 @@ class SocialRL:
         bonus[tuple(idx.T)] = np.where(passed, float(c.bonus), 0.0)
         return bonus
 
-    def _score_fn(self, train: TrainState, ro: Rollout, bonus: Array):
+    def _score_fn(self, train: TrainState, ro: Rollout, bonus: Array, grammar=None):
         score, eng = self.scores(ro)
         score = score + bonus
         score_n = rewards_lib.normalize_scores(score.reshape(-1), self.config.reward.normalize)
@@ -429,12 +449,14 @@ class SocialRL:
         batch = buffer_lib.make_trajectory(
             flat(ro.prompt_ids), flat(ro.prompt_mask), flat(ro.tokens), flat(ro.mask),
             scores=score_n)
-        if self.grammar is not None:
+        if grammar is not None:
+            # FSM states [B, N] int32, never [B, N, V] masks: the loss rebuilds each chunk's
+            # allowed set from the grammar tables.
             from jaxsocial.generation import grammar as grammar_lib
-            batch = batch.replace(allowed=grammar_lib.step_masks(self.grammar, batch.response_tokens,
-                                                                 batch.response_mask))
+            batch = batch.replace(fsm_states=grammar_lib.step_states(
+                grammar, batch.response_tokens, batch.response_mask))
         lp, ref, values = policy_lib.score_batch(self.pdef, train.params, train.ref_params, batch,
-                                                 self.rl_config)
+                                                 self.rl_config, grammar)
         batch = batch.replace(old_logprobs=lp, ref_logprobs=ref, values=values)
         # How far the rollout's own log-probs are from the re-scored ones (should be ~0).
         logprob_gap = jnp.max(jnp.abs(jnp.where(batch.response_mask,
