@@ -20,7 +20,10 @@ Errors are one line (ValueError, FileNotFoundError, ImportError) naming the file
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import shutil
+import tempfile
 from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
@@ -369,15 +372,56 @@ def from_gguf(path: PathLike, dtype: Any = None, param_dtype: Any = None) -> lla
     return model
 
 
-def load_tokenizer(path: PathLike):
+def _tokenizer_cache_dir(path: str) -> str:
+    """Where the tokenizer converted from GGUF file `path` is kept: the cache directory of
+    `jaxsocial.models.zoo`, keyed by the file's absolute path, size and mtime and by the
+    transformers version (a changed file or converter gets a new entry)."""
+    import transformers
+    from jaxsocial.models import zoo
+
+    st = os.stat(path)
+    key = f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+    stem = os.path.splitext(os.path.basename(path))[0]
+    return os.path.join(zoo.cache_dir(), "gguf-tokenizers", f"{stem}-{digest}")
+
+
+def load_tokenizer(path: PathLike, cache: bool = True):
     """transformers' tokenizer built from a GGUF file's metadata (tokens, merges, special ids,
-    chat template): `AutoTokenizer.from_pretrained(dir, gguf_file=name)`."""
+    chat template): `AutoTokenizer.from_pretrained(dir, gguf_file=name)`.
+
+    That conversion reads the whole token list in Python (tens of seconds for a 49K vocab), so
+    with `cache` the result is saved once (`save_pretrained`, under `zoo.cache_dir()`) and later
+    calls load the saved files (under a second). An unwritable cache is skipped silently.
+    """
     from transformers import AutoTokenizer
 
     path = os.fspath(path)
-    reader = open_reader(path)  # one-line errors before transformers' own parsing
-    if "tokenizer.ggml.tokens" not in reader.fields:
-        raise ValueError(f"GGUF file {path!r} has no tokenizer (no tokenizer.ggml.tokens)")
-    del reader
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"GGUF file not found: {path!r}")
+    if not _has_magic(path):
+        raise ValueError(f"{path!r} is not a GGUF file (no 'GGUF' magic at the start)")
+    cached = _tokenizer_cache_dir(path) if cache else None
+    if cached and os.path.isfile(os.path.join(cached, "tokenizer.json")):
+        return AutoTokenizer.from_pretrained(cached, local_files_only=True)
     directory, name = os.path.split(os.path.abspath(path))
-    return AutoTokenizer.from_pretrained(directory, gguf_file=name, local_files_only=True)
+    # transformers parses the file itself; its errors become one line naming the file.
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name,
+                                                  local_files_only=True)
+    except Exception as e:
+        reason = " ".join(str(e).split()) or type(e).__name__
+        raise ValueError(f"GGUF file {path!r}: cannot build a tokenizer from it "
+                         f"({type(e).__name__}: {reason[:300]})") from None
+    if cached:
+        try:
+            os.makedirs(os.path.dirname(cached), exist_ok=True)
+            tmp = tempfile.mkdtemp(dir=os.path.dirname(cached), prefix=".tmp-")
+            tokenizer.save_pretrained(tmp)
+            try:
+                os.rename(tmp, cached)  # atomic; loses harmlessly to a concurrent writer
+            except OSError:
+                shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:
+            pass
+    return tokenizer
