@@ -412,12 +412,14 @@ def smol_hf(smol_path):
         dtype=torch.float32).eval()
 
 
+@pytest.mark.slow
 def test_smollm2_zoo_path_is_cached(smol_path):
     assert os.path.isfile(smol_path) and smol_path.endswith(".gguf")
     assert os.path.getsize(smol_path) == zoo.SMOLLM2_GGUF_SIZE
     assert zoo.smollm2_135m_instruct() == smol_path  # no download the second time
 
 
+@pytest.mark.slow
 def test_smollm2_config_and_tokenizer(smol):
     model, tok = smol
     c = model.config
@@ -438,6 +440,7 @@ def test_smollm2_config_and_tokenizer(smol):
     assert tok.decode(ids) == text
 
 
+@pytest.mark.slow
 def test_smollm2_logits_match_transformers(smol, smol_hf):
     model, tok = smol
     tok.padding_side = "left"
@@ -453,6 +456,7 @@ def test_smollm2_logits_match_transformers(smol, smol_hf):
     assert err <= 1e-5
 
 
+@pytest.mark.slow
 def test_smollm2_greedy_chat_generation_matches_transformers(smol, smol_hf):
     model, tok = smol
     tok.padding_side = "left"
@@ -481,6 +485,7 @@ def test_smollm2_greedy_chat_generation_matches_transformers(smol, smol_hf):
     assert lengths.min() >= 4  # real answers, not an immediate stop
 
 
+@pytest.mark.slow
 def test_smollm2_save_pretrained_round_trips(smol, tmp_path):
     model, _ = smol
     llama.save_pretrained(model, tmp_path)
