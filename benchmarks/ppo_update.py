@@ -10,6 +10,15 @@ cost of PPO's extra machinery.
     python benchmarks/ppo_update.py [--batch 32 --prompt_len 128 --response_len 64 \
         --epochs 1 --iters 3 --preset small_20m]
 
+Memory (`--memory`): XLA's own count (`jit(update).lower(...).compile().memory_analysis()`,
+temp / argument / output bytes) of the compiled PPO update, compiled only (nothing runs), for
+the chunked log-probs (auto chunk and `--logits_chunk`), with micro-batches (`--micro_batch`)
+and, as the "before" row, one chunk spanning the whole response (= the old full [B, R, V]
+logits path). Issue 12's shape: vocab 49,152, 64 sequences of 128 prompt + 128 response tokens:
+
+    python benchmarks/ppo_update.py --memory --preset tiny --vocab 49152 --batch 64 \
+        --prompt_len 128 --response_len 128
+
 Last line: one JSON object (machine-readable).
 """
 import json
@@ -35,6 +44,65 @@ flags.DEFINE_integer("epochs", 1, "PPO epochs per update (1 = one optimizer step
 flags.DEFINE_integer("minibatches", 1, "minibatches per epoch")
 flags.DEFINE_integer("iters", 3, "timed iterations (after one warm-up/compile call)")
 flags.DEFINE_string("dtype", "float32", "compute dtype")
+flags.DEFINE_integer("vocab", 0, "override the preset's vocabulary size (0 = keep)")
+flags.DEFINE_bool("memory", False, "only report XLA memory_analysis of the compiled update")
+flags.DEFINE_integer("logits_chunk", 32, "--memory: explicit chunk row (positions per chunk)")
+flags.DEFINE_integer("micro_batch", 16, "--memory: micro-batch row (rows per micro-batch)")
+flags.DEFINE_float("target_gib", 2.0, "--memory: the target for XLA temp bytes")
+
+
+def _trajectory(b, p, r, v, key):
+    k1, k2, k3, k4 = jax.random.split(key, 4)
+    plen = jax.random.randint(k1, (b,), p // 2, p + 1)
+    prompt_mask = jnp.arange(p)[None, :] >= (p - plen)[:, None]
+    prompt = jnp.where(prompt_mask, jax.random.randint(k2, (b, p), 3, v), 0)
+    rlen = jax.random.randint(k3, (b,), r // 2, r + 1)
+    response_mask = jnp.arange(r)[None, :] < rlen[:, None]
+    response = jax.random.randint(k4, (b, r), 3, v)
+    return buffer.make_trajectory(prompt, prompt_mask, response, response_mask,
+                                  scores=jax.random.normal(key, (b,)))
+
+
+def memory_main():
+    """XLA memory_analysis of the compiled PPO update: chunked vs the full-logits path."""
+    overrides = {"vocab_size": FLAGS.vocab} if FLAGS.vocab else {}
+    cfg_m = llama.preset(FLAGS.preset, dtype=FLAGS.dtype, **overrides)
+    model = llama.Llama(cfg_m, rngs=nnx.Rngs(0))
+    b, p, r, v = FLAGS.batch, FLAGS.prompt_len, FLAGS.response_len, cfg_m.vocab_size
+    pdef, params, ref = policy_lib.init_policy(model)
+    del model
+    traj = _trajectory(b, p, r, v, jax.random.PRNGKey(1))
+    rows = [("full logits (one chunk = whole response; the old path)", dict(logits_chunk=r)),
+            ("chunked, auto chunk", dict()),
+            (f"chunked, {FLAGS.logits_chunk} positions per chunk",
+             dict(logits_chunk=FLAGS.logits_chunk)),
+            (f"chunked auto + micro_batch {FLAGS.micro_batch}",
+             dict(micro_batch=FLAGS.micro_batch))]
+    n_params = sum(int(x.size) for x in jax.tree.leaves(params["policy"]))
+    print(f"model {FLAGS.preset} vocab {v}: {n_params / 1e6:.1f}M params, dtype {FLAGS.dtype}, "
+          f"backend {jax.default_backend()}; batch {b} x ({p} prompt + {r} response); "
+          f"one [B, R, V] float32 array = {b * r * v * 4 / 2**30:.2f} GiB")
+    out = {}
+    for name, kw in rows:
+        cfg = ppo.PPOConfig(ppo_epochs=FLAGS.epochs, num_minibatches=FLAGS.minibatches, **kw)
+        state = ppo.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
+        t = time.perf_counter()
+        mem = ppo.make_update(cfg, pdef).lower(state, traj).compile().memory_analysis()
+        dt = time.perf_counter() - t
+        temp = mem.temp_size_in_bytes
+        chunk = policy_lib.resolve_chunk(cfg.logits_chunk, cfg.accumulation(b)[1], r, v)
+        print(f"{name:58s} chunk {chunk:4d}: XLA temp {temp / 2**30:7.3f} GiB, arguments "
+              f"{mem.argument_size_in_bytes / 2**30:.3f} GiB, output "
+              f"{mem.output_size_in_bytes / 2**30:.3f} GiB (compile {dt:.0f} s)")
+        out[name] = round(temp / 2**30, 4)
+    best = min(v_ for k, v_ in out.items() if k.startswith("chunked"))
+    print(f"target: XLA temp < {FLAGS.target_gib} GiB -> "
+          f"{'met' if out['chunked, auto chunk'] < FLAGS.target_gib else 'NOT met'} "
+          f"(auto chunk {out['chunked, auto chunk']:.3f} GiB, best {best:.3f} GiB; full logits "
+          f"{out[rows[0][0]]:.3f} GiB)")
+    print(json.dumps({"benchmark": "ppo_update_memory", "preset": FLAGS.preset, "vocab": v,
+                      "batch": b, "prompt_len": p, "response_len": r,
+                      "xla_temp_gib": out}))
 
 
 def timed(fn, iters):
@@ -50,7 +118,10 @@ def timed(fn, iters):
 
 
 def main(_):
-    cfg_m = llama.preset(FLAGS.preset, dtype=FLAGS.dtype)
+    if FLAGS.memory:
+        return memory_main()
+    overrides = {"vocab_size": FLAGS.vocab} if FLAGS.vocab else {}
+    cfg_m = llama.preset(FLAGS.preset, dtype=FLAGS.dtype, **overrides)
     model = llama.Llama(cfg_m, rngs=nnx.Rngs(0))
     b, p, r = FLAGS.batch, FLAGS.prompt_len, FLAGS.response_len
     cfg = ppo.PPOConfig(ppo_epochs=FLAGS.epochs, num_minibatches=FLAGS.minibatches)
