@@ -3,9 +3,11 @@
 A rollout row is prompt [P] (left-padded) + response [R] (right-padded). The logits at
 sequence position P - 1 + t predict response token t, and the value of the state before
 token t is read from the hidden state at the same position. Log-probs are taken under the
-*sampling* distribution (`jaxsocial.generation.sampling.token_logprobs`: grammar mask,
+*sampling* distribution (`jaxsocial.generation.sampling.log_probs`: grammar mask,
 temperature, top-k, top-p) — the same function the generator uses, so the first PPO ratio
-on a fresh rollout is 1.
+on a fresh rollout is 1. They are computed in chunks of response positions (`token_stats`:
+`lax.scan` + remat), so no [B, R, V] logits array exists in scoring or in the update; the
+grammar mask of each step is rebuilt from the trajectory's FSM states and the grammar tables.
 
 Value modes: "head" (a scalar head on the policy trunk's final hidden states, trained
 through the trunk), "critic" (a separate Llama trunk + head), "none" (GRPO).
