@@ -17,8 +17,12 @@ not reacted to again.  The events are compacted into one `ActionBatch` of `crowd
 (overflow counted) and applied with `apply_actions`, so the crowd obeys exactly the rules the
 LLM agents do.
 
-Crowd posts carry no tokens (all PAD_TOKEN); their embedding is normalize(interest + post_noise z/sqrt(d))
-(a quote / comment mixes in its parent's embedding).
+Text: with a `text_bank.CrowdText` in `state.text`, a crowd post copies the tokens and embedding
+of a bank post drawn by its author's interest, a comment / quote those of a comment-bank entry
+drawn by interest + parent embedding (`text_bank.draw_posts / draw_replies`), so its embedding
+is the encoder's embedding of the tokens agents read.  Without one (`state.text is None`, e.g.
+launch/simulate.py) crowd posts carry no tokens (all PAD_TOKEN) and their embedding is
+normalize(interest + post_noise z/sqrt(d)) (a quote / comment mixes in its parent's embedding).
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxsocial.social import recsys
+from jaxsocial.social import recsys, text_bank
 from jaxsocial.social.actions import ActionBatch, ActionType, ApplyInfo, apply_actions
 from jaxsocial.social.state import (EMPTY, PAD_TOKEN, ReactionKind, SocialParams, SocialState,
                                     normalize)
@@ -120,14 +124,46 @@ def crowd_step(key: jax.Array, state: SocialState, params: SocialParams
 
     has_parent = (btype == T.QUOTE_POST) | (btype == T.CREATE_COMMENT)
     parent_emb = posts.embedding[posts.slot(btarget)]
-    emb = (state.users.interest[bactor] + jnp.where(has_parent[:, None], parent_emb, 0.0)
-           + params.post_noise * jax.random.normal(k_emb, (budget, params.embed_dim))
-           / jnp.sqrt(jnp.float32(params.embed_dim)))
-    batch = ActionBatch(type=btype, actor=bactor, target=btarget,
-                        content=jnp.full((budget, params.content_len), PAD_TOKEN, jnp.int32),
-                        embedding=normalize(emb), valid=valid)
+    content, emb = _crowd_content(k_emb, state, params, btype, bactor, has_parent, parent_emb)
+    batch = ActionBatch(type=btype, actor=bactor, target=btarget, content=content,
+                        embedding=emb, valid=valid)
     state, info = apply_actions(state, batch, params)
+    if state.text is not None and state.text.by_id:
+        state = _text_by_id(state, info.created_id, btype)
     fill = jnp.sum(feed.valid & uok[:, None]) / jnp.maximum(num_active * k, 1)
     return state, CrowdInfo(apply=info, num_active=num_active, active_overflow=act_over,
                             event_overflow=jnp.maximum(total - budget, 0),
                             feed_fill=fill.astype(jnp.float32))
+
+
+def _crowd_content(key, state: SocialState, params: SocialParams, btype, bactor, has_parent,
+                   parent_emb):
+    """Tokens [B, L] and embeddings [B, d] of the crowd batch's rows (read for create_post,
+    quote_post and create_comment rows only)."""
+    budget, interest = btype.shape[0], state.users.interest[bactor]
+    text = state.text
+    if text is None:  # no text: interest (+ parent) + noise, no tokens
+        emb = (interest + jnp.where(has_parent[:, None], parent_emb, 0.0)
+               + params.post_noise * jax.random.normal(key, (budget, params.embed_dim))
+               / jnp.sqrt(jnp.float32(params.embed_dim)))
+        return jnp.full((budget, params.content_len), PAD_TOKEN, jnp.int32), normalize(emb)
+    if text.by_id:  # filled after apply, once the ids are known (`_text_by_id`)
+        return (jnp.full((budget, params.content_len), PAD_TOKEN, jnp.int32),
+                jnp.zeros((budget, params.embed_dim), jnp.float32))
+    k_post, k_reply = jax.random.split(key)
+    p_tok, p_emb, _ = text_bank.draw_posts(k_post, text, interest)
+    r_tok, r_emb, _ = text_bank.draw_replies(k_reply, text, interest, parent_emb)
+    reply = has_parent[:, None]
+    return jnp.where(reply, r_tok, p_tok), jnp.where(reply, r_emb, p_emb)
+
+
+def _text_by_id(state: SocialState, created_id, btype) -> SocialState:
+    """`by_id` banks: every post the crowd batch created (except reposts, which keep their
+    original's text) gets post-bank entry `id % Nb` (tokens and embedding)."""
+    posts = state.posts
+    own = (created_id >= 0) & (btype != T.REPOST)
+    slot = jnp.where(own, posts.slot(created_id), posts.capacity)  # out of range -> dropped
+    tokens, emb = text_bank.by_id(state.text, created_id)
+    return state.replace(posts=posts.replace(
+        tokens=posts.tokens.at[slot].set(tokens, mode="drop"),
+        embedding=posts.embedding.at[slot].set(emb, mode="drop")))

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxsocial.social import recsys
+from jaxsocial.social import recsys, text_bank
 from jaxsocial.social.actions import (NUM_REASONS, NUM_TYPES, ActionBatch, ApplyInfo,
                                       apply_actions, empty_actions)
 from jaxsocial.social.reactions import CrowdInfo, crowd_step
 from jaxsocial.social.state import (EMPTY, PostKind, SocialParams, SocialState, empty_state,
                                     normalize)
+from jaxsocial.social.text_bank import CrowdText, TextBank
 
 
 @struct.dataclass
@@ -57,20 +59,44 @@ def _follow_targets(key, n, shape, power):
 
 
 @functools.partial(jax.jit, static_argnums=1)
-def reset(key: jax.Array, params: SocialParams) -> SocialState:
+def reset(key: jax.Array, params: SocialParams, text: CrowdText | None = None,
+          interests: TextBank | None = None, agent_interest: jax.Array | None = None
+          ) -> SocialState:
     """Initial population: personas (cluster ids) with interest embeddings around persona centres,
     log-normal activity rates, a scale-free-ish follow graph (out-degree log-normal around
     `init_following`, in-degree ~ Zipf(follow_power)), and `num_seed_posts` seed posts by random
     users created over the last `seed_max_age` ticks.  Cost O(N F + S d).  Jitted (params
-    static); `params.validate()` runs at trace time."""
+    static); `params.validate()` runs at trace time.
+
+    Grounded in text (all optional, see `text_bank`):
+    - `interests` (descriptions' embeddings [Nd, d] + topics): each user draws a description
+      uniformly, `persona` = its topic, interest = normalize(embedding + interest_noise z/sqrt(d))
+      (instead of random persona centres);
+    - `agent_interest` [num_agents, d]: the LLM agents' interests (their persona embeddings);
+    - `text` (`CrowdText`): kept in `state.text`; seed posts copy the tokens and embedding of a
+      bank post drawn by the author's interest (or entry `id % Nb` when `text.by_id`).
+    """
     p = params.validate()
     n, d, f = p.num_users, p.embed_dim, p.max_following
     state = empty_state(p)
     ks = jax.random.split(key, 9)
-    persona = jax.random.randint(ks[0], (n,), 0, p.num_personas)
-    centers = normalize(jax.random.normal(ks[1], (p.num_personas, d)))
-    interest = normalize(centers[persona] + p.interest_noise * jax.random.normal(ks[2], (n, d))
-                         / jnp.sqrt(jnp.float32(d)))
+    noise = p.interest_noise * jax.random.normal(ks[2], (n, d)) / jnp.sqrt(jnp.float32(d))
+    if interests is None:
+        persona = jax.random.randint(ks[0], (n,), 0, p.num_personas)
+        centers = normalize(jax.random.normal(ks[1], (p.num_personas, d)))
+        interest = normalize(centers[persona] + noise)
+    else:
+        chex.assert_shape(interests.embedding, (None, d))
+        desc = jax.random.randint(ks[0], (n,), 0, interests.size)
+        persona = interests.topic[desc]
+        interest = normalize(interests.embedding[desc] + noise)
+    if agent_interest is not None:
+        a = p.num_agents
+        chex.assert_shape(agent_interest, (a, d))
+        interest = interest.at[:a].set(normalize(agent_interest))
+        if interests is not None:  # an agent's persona = topic of its nearest description
+            near = jnp.argmax(interest[:a] @ interests.embedding.T, axis=1)
+            persona = persona.at[:a].set(interests.topic[near])
     z = jax.random.normal(ks[3], (n,))
     activity = jnp.clip(p.activation_rate * jnp.exp(p.activity_sigma * z
                                                      - 0.5 * p.activity_sigma ** 2), 0.0, 1.0)
@@ -96,19 +122,26 @@ def reset(key: jax.Array, params: SocialParams) -> SocialState:
     if s > 0:
         author = jax.random.randint(ks[6], (s,), 0, n)
         created = jnp.sort(jax.random.randint(ks[7], (s,), -p.seed_max_age, 0))
-        emb = normalize(interest[author] + p.post_noise * jax.random.normal(ks[8], (s, d))
-                        / jnp.sqrt(jnp.float32(d)))
         ids = jnp.arange(s, dtype=jnp.int32)
+        tokens = posts.tokens[:s]
+        if text is None:
+            emb = normalize(interest[author] + p.post_noise * jax.random.normal(ks[8], (s, d))
+                            / jnp.sqrt(jnp.float32(d)))
+        elif text.by_id:
+            tokens, emb = text_bank.by_id(text, ids)
+        else:
+            tokens, emb, _ = text_bank.draw_posts(ks[8], text, interest[author])
         posts = posts.replace(
             id=posts.id.at[:s].set(ids), kind=posts.kind.at[:s].set(PostKind.POST),
             author=posts.author.at[:s].set(author), created_at=posts.created_at.at[:s].set(created),
-            embedding=posts.embedding.at[:s].set(emb), next_id=jnp.int32(s))
+            tokens=posts.tokens.at[:s].set(tokens), embedding=posts.embedding.at[:s].set(emb),
+            next_id=jnp.int32(s))
         last_post = last_post.at[author].max(ids)
     return state.replace(
         users=state.users.replace(persona=persona, interest=interest, activity=activity,
                                   num_followers=num_followers, num_following=num_following,
                                   last_post=last_post),
-        graph=state.graph.replace(following=following), posts=posts)
+        graph=state.graph.replace(following=following), posts=posts, text=text)
 
 
 def _empty_crowd_info(state: SocialState) -> CrowdInfo:

@@ -217,6 +217,9 @@ class SocialState:
     posts: Posts
     memory: Memory
     tick: jax.Array  # [] int32 simulation clock
+    # Optional `text_bank.CrowdText`: when set, seed and crowd posts / comments / quotes copy
+    # tokens + embedding from its banks (chosen by interest); None = text-free society.
+    text: object = None
 
 
 def empty_state(params: SocialParams) -> SocialState:

@@ -69,6 +69,11 @@ def base_config() -> ml_collections.ConfigDict:
     # Verifiable bonus for answers to programming problems (configs/code.py).
     c.code = ml_collections.ConfigDict(dict(enabled=False, bonus=1.0, timeout_s=5.0,
                                             memory_mb=256))
+    # The society's text (jaxsocial.social.text_bank), embedded once by the frozen encoder:
+    # crowd posts / comments / interest descriptions from `path` ("" = the packaged
+    # assets/crowd_posts.json, 14 topics); `topics` restricts the crowd's interests to these
+    # topic names (() = all); crowd text is drawn by Gumbel-max over cos / `temperature`.
+    c.crowd_text = ml_collections.ConfigDict(dict(path="", topics=(), temperature=0.05))
     c.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1)))
     # Multi-host: jax.distributed.initialize(); empty/-1 values are auto-detected by JAX on
     # TPU pods, SLURM and Open MPI. One process per host, all running the same command.
@@ -96,23 +101,3 @@ def smoke(c: ml_collections.ConfigDict, content_len: int = 12,
     c.train.checkpoint_every = 1
     return c
 
-
-# Text of crowd and seed posts (the crowd simulator creates posts without tokens).
-CROWD_TEXTS = (
-    "Just shipped a new release of my side project!",
-    "Anyone else think tabs are better than spaces?",
-    "Tomato soup with basil is the best quick dinner.",
-    "Three tips for crispy roast potatoes.",
-    "New study: city trees cool streets by two degrees.",
-    "Why the ocean is warming faster than expected.",
-    "What a match last night, the keeper was amazing.",
-    "Transfer rumours are out of control this week.",
-    "Study tip: teach the topic to a friend.",
-    "Exams start Monday, good luck everyone!",
-    "Golden hour on the harbour today.",
-    "Packing light for a week in the mountains.",
-    "Talk to ten users before you write code.",
-    "Our startup just hit a thousand users!",
-    "No, vitamin C does not cure a cold.",
-    "Drink water and sleep well before a long shift.",
-)

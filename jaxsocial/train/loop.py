@@ -37,9 +37,9 @@ from jaxsocial.rl import policy as policy_lib
 from jaxsocial.rl import ppo as ppo_lib
 from jaxsocial.rl import rewards as rewards_lib
 from jaxsocial.rl.state import TrainState
-from jaxsocial.social import prompting, society
+from jaxsocial.social import prompting, society, text_bank
 from jaxsocial.social.actions import ActionType
-from jaxsocial.social.state import PAD_TOKEN, PostKind, SocialState
+from jaxsocial.social.state import PAD_TOKEN, PostKind, SocialState, normalize
 from jaxsocial.train import agent_actions, code_problems, defaults, memory, sharding
 
 Array = jax.Array
@@ -72,6 +72,7 @@ class Rollout:
     created_id: Array       # [T, B] int32 post id created by the action, -1 if none
     target: Array           # [T, B] int32 target post / user id of the action, -1 if none
     target_author: Array    # [T, B] int32 author of the targeted feed post, -1 if none
+    embedding: Array        # [T, B, d] float32 frozen-encoder embedding of the answer's text
     tick: Array             # [T] int32 society tick of each agent tick
     deltas: Array           # [T + S, P, E] int32 engagement gained per slot per recorded tick
     slot_ids: Array         # [T + S, P] int32 post id in each slot after each recorded tick
@@ -111,14 +112,6 @@ def _stop_ids(tokenizer) -> Tuple[int, ...]:
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return tuple(sorted(int(i) for i in ids))
-
-
-def _text_bank(tokenizer, texts, length: int) -> np.ndarray:
-    out = np.full((len(texts), length), PAD_TOKEN, np.int32)
-    for i, t in enumerate(texts):
-        ids = tokenizer.encode(t, add_special_tokens=False)[:length]
-        out[i, :len(ids)] = ids
-    return out
 
 
 class _BindGrammar:
@@ -202,12 +195,7 @@ class SocialRL:
         h, d = model.config.hidden_size, self.params.embed_dim
         self.projection = jax.random.normal(jax.random.key(int(c.seed) + 7919), (h, d)) / np.sqrt(h)
         self.code = c.code.enabled
-        texts = code_problems.TEXTS if self.code else defaults.CROWD_TEXTS
-        self.text_bank = jnp.asarray(_text_bank(self.tokenizer, texts, self.params.content_len))
-        # Centre of the encoder's pooled states over the text bank: subtracting it keeps post
-        # embeddings spread over directions (raw pooled states of an LLM share a large common
-        # component, which would make every agent post look alike to the crowd).
-        self.embed_center = self._pooled(self._init_ref, self.text_bank).mean(0)
+        self._build_text(c, personas)
         self._check_memory(c)
         # The grammar enters each compiled program as an argument: closed over, XLA would bake
         # its [S, V] tables in as constants (and spend minutes constant-folding them).
@@ -216,6 +204,52 @@ class SocialRL:
 
     # ------------------------------------------------------------------------------------------
     # set-up
+
+    def _build_text(self, c, personas) -> None:
+        """The society's text, embedded once by the frozen encoder (`social.text_bank`): the
+        crowd's post and comment banks (`self.crowd_text`; configs/code.py: its problems, by
+        post id), the crowd's interest descriptions (`self.interest_bank`, restricted to
+        `crowd_text.topics` when set) and the agents' persona embeddings (`self.agent_interest`).
+        """
+        t = c.get("crowd_text", None) or {}
+        corpus = text_bank.load_corpus(t.get("path", "") or None)
+        self.topics = corpus.topics
+        tok, L = self.tokenizer, self.params.content_len
+        if self.code:
+            post_tok = text_bank.tokenize(tok, code_problems.TEXTS, L)
+            post_topic = np.arange(len(code_problems.TEXTS))
+        else:
+            post_tok, post_topic = text_bank.tokenize(tok, corpus.posts, L), corpus.post_topic
+        # One encoder pass per text (the costly part with a real model): pooled states of the
+        # posts + comments [*, L] and of the descriptions + personas (one longer shape). The
+        # centre is their mean over the post bank: subtracting it keeps embeddings spread over
+        # directions (raw pooled states of an LLM share a large common component, which would
+        # make every post look alike to the crowd).
+        pooled_jit = jax.jit(self._pooled)
+        pooled = lambda rows: text_bank.embed_rows(  # noqa: E731
+            lambda x: pooled_jit(self._init_ref, x), rows)
+        com_tok = text_bank.tokenize(tok, corpus.comments, L)
+        long_tok = text_bank.tokenize(tok, list(corpus.interests) + list(personas))
+        short = pooled(np.concatenate([post_tok, com_tok]))
+        self.embed_center = jnp.asarray(short[:len(post_tok)].mean(0))
+        project = lambda h: np.asarray(self._project(jnp.asarray(h)))  # noqa: E731
+        short_emb, long_emb = project(short), project(pooled(long_tok))
+        post_emb, com_emb = short_emb[:len(post_tok)], short_emb[len(post_tok):]
+        nd = len(corpus.interests)
+        keep = set(text_bank.topic_ids(corpus, t.get("topics", ()) or corpus.topics))
+        desc = [i for i, k in enumerate(corpus.interest_topic) if k in keep]
+        self.crowd_text = text_bank.CrowdText(
+            posts=text_bank.make_bank(post_tok, post_emb, post_topic),
+            comments=text_bank.make_bank(com_tok, com_emb, corpus.comment_topic),
+            temperature=jnp.float32(t.get("temperature", 0.05)), by_id=bool(self.code))
+        self.interest_bank = text_bank.make_bank(
+            long_tok[desc], long_emb[desc], [corpus.interest_topic[i] for i in desc])
+        self.agent_interest = jnp.asarray(long_emb[nd:])
+        # For the agents' topic metrics: the crowd's interest centre (its users draw the kept
+        # descriptions uniformly) and each topic's centroid over all descriptions.
+        self.crowd_center = np.asarray(normalize(self.interest_bank.embedding.mean(0)))
+        self.topic_centroids = np.asarray(text_bank.topic_centroids(text_bank.make_bank(
+            long_tok[:nd], long_emb[:nd], corpus.interest_topic), len(corpus.topics)))
 
     def _rl_config(self, c):
         """PPOConfig / GRPOConfig from `c.rl`: every dataclass field under its own name
@@ -258,8 +292,8 @@ class SocialRL:
         train = ppo_lib.init_train_state(self.rl_config, self.pdef,
                                          jax.tree.map(jnp.copy, self._init_params),
                                          self._init_ref, k_train)
-        soc = society.reset(k_soc, self.params)
-        soc = self._fill_text(soc)
+        soc = society.reset(k_soc, self.params, self.crowd_text, self.interest_bank,
+                            self.agent_interest)
         return self.place(RunState(train=train, society=soc, key=jax.random.key_data(k_loop),
                                    epoch=jnp.zeros((), jnp.int32)))
 
@@ -305,15 +339,6 @@ class SocialRL:
     # ------------------------------------------------------------------------------------------
     # compiled pieces
 
-    def _fill_text(self, soc: SocialState) -> SocialState:
-        """Crowd and seed posts carry no tokens; give them text from the crowd text bank so the
-        agents' feeds are readable (chosen by post id, stable across ticks)."""
-        posts = soc.posts
-        empty = (posts.id >= 0) & ~jnp.any(posts.tokens >= 0, axis=1)  # all PAD_TOKEN
-        bank = self.text_bank[jnp.maximum(posts.id, 0) % self.text_bank.shape[0]]
-        return soc.replace(posts=posts.replace(
-            tokens=jnp.where(empty[:, None], bank, posts.tokens)))
-
     def _pooled(self, ref_params, content: Array) -> Array:
         """Mean of the reference model's final hidden states over the content tokens [B, H]."""
         mask = content >= 0  # right-padded with PAD_TOKEN: padding never attended
@@ -324,7 +349,11 @@ class SocialRL:
     def _embed(self, ref_params, content: Array) -> Array:
         """Frozen encoder: content [B, L] -> unit embeddings [B, d]:
         normalize((pooled reference hidden - centre) @ fixed random projection)."""
-        z = (self._pooled(ref_params, content) - self.embed_center) @ self.projection
+        return self._project(self._pooled(ref_params, content))
+
+    def _project(self, pooled: Array) -> Array:
+        """Pooled states [B, H] -> unit embeddings [B, d] (centre, project, normalize)."""
+        z = (pooled - self.embed_center) @ self.projection
         return z / jnp.maximum(jnp.linalg.norm(z, axis=-1, keepdims=True), 1e-6)
 
     def _counters(self, soc: SocialState) -> Array:
@@ -366,12 +395,12 @@ class SocialRL:
                                             feed_authors, emb)
             before = soc
             soc, info = society.step(k_step, soc, acts, self.params)
-            soc = self._fill_text(soc)
             rec = self._record(before, soc)
             ys = dict(agent=agents, prompt_ids=ids, prompt_mask=mask, tokens=out.tokens,
                       logprobs=out.logprobs, mask=out.mask, action_type=parsed.type,
                       parsed=parsed.parsed, reason=info.agent.reason,
                       created_id=info.agent.created_id, tick=info.tick, target=acts.target,
+                      embedding=emb,
                       target_author=jnp.where(parsed.feed_pos >= 0, jnp.take_along_axis(
                           feed_authors, jnp.maximum(parsed.feed_pos, 0)[:, None], 1)[:, 0], -1))
             return (soc, key), (ys, rec)
@@ -381,7 +410,6 @@ class SocialRL:
             key, k_step = jax.random.split(key)
             before = soc
             soc, _ = society.step(k_step, soc, None, self.params)
-            soc = self._fill_text(soc)
             return (soc, key), self._record(before, soc)
 
         (soc, key), (ys, rec) = jax.lax.scan(agent_tick, (soc, key), None,
@@ -524,7 +552,19 @@ class SocialRL:
             "wall_s": wall,
             "ppo": {k: float(v) for k, v in upd.items()},
         }
+        m.update(self._topic_metrics(np.asarray(ro.embedding)[is_post]))
         return m
+
+    def _topic_metrics(self, emb: np.ndarray) -> Dict[str, Any]:
+        """Where the agents' posts (embeddings [n, d]) sit among the crowd's topics:
+        `crowd_interest_sim` = mean cosine to the crowd's interest centre; `topic_share` = share
+        of posts nearest each topic's centroid (topic drift shows here)."""
+        if not len(emb):
+            return {"crowd_interest_sim": 0.0, "topic_share": {}}
+        near = np.argmax(emb @ self.topic_centroids.T, axis=1)
+        counts = np.bincount(near, minlength=len(self.topics)) / len(emb)
+        return {"crowd_interest_sim": float((emb @ self.crowd_center).mean()),
+                "topic_share": {self.topics[i]: float(c) for i, c in enumerate(counts) if c}}
 
     def _samples(self, ro: Rollout, score, epoch: int, n: Optional[int] = None) -> List[dict]:
         n = int(self.config.train.log_samples) if n is None else n

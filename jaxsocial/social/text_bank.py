@@ -1,0 +1,196 @@
+"""Crowd text grounded in the encoder's embedding space.
+
+The society compares embeddings; the LLM agents read tokens. A `CrowdText` ties the two: banks of
+real short texts (`jaxsocial/assets/crowd_posts.json`, written for the project: 14 topics, per
+topic 4 interest descriptions, 24 posts and 10 comments), tokenized once and embedded once by
+the frozen encoder (`train.loop.SocialRL._embed`). Held in `SocialState.text`, it makes
+
+- a seed or crowd **post** copy the tokens and embedding of a bank post drawn by its author's
+  interest: Gumbel-max over `cos(interest, bank.embedding) / temperature`;
+- a crowd **comment or quote** copy a comment-bank entry drawn by
+  `normalize(interest + parent embedding)`;
+
+so a crowd post's embedding *is* the encoder's embedding of the exact tokens agents see. With
+`by_id=True` (the code society: problems must stay addressable as `post id % bank size`) entry
+`id % Nb` of the post bank is used for every crowd-created post instead.
+
+Crowd interests come from the descriptions (`society.reset(..., interests=TextBank)`: each crowd
+user = normalize(embedding of a random description + noise)); LLM agents' interests are the
+embeddings of their persona texts (`agent_interest`).
+
+Tokens are right-padded with `PAD_TOKEN` and tokenized in leading-space form (`" " + text`), the
+form a post takes after a feed label in a rendered prompt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxsocial.social.state import PAD_TOKEN, normalize
+
+Array = jax.Array
+
+
+@struct.dataclass
+class TextBank:
+    """Nb texts: tokens [Nb, L] int32 (right-padded with PAD_TOKEN), embedding [Nb, d] float32
+    unit norm (the encoder's embedding of exactly those tokens), topic [Nb] int32."""
+    tokens: Array
+    embedding: Array
+    topic: Array
+
+    @property
+    def size(self) -> int:
+        return self.tokens.shape[0]
+
+
+@struct.dataclass
+class CrowdText:
+    """What `SocialState.text` holds: the post bank (seed and crowd posts), the comment bank
+    (crowd comments and quotes; the same length L), the choice temperature, and `by_id`."""
+    posts: TextBank
+    comments: TextBank
+    temperature: Array  # [] float32: Gumbel-max temperature over cosine similarity
+    by_id: bool = struct.field(pytree_node=False, default=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# host side: the corpus, tokenization, embedding
+
+def default_path() -> str:
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets",
+                        "crowd_posts.json")
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    """Texts with topic ids (host side). `topics[i]` names topic id i."""
+    topics: Tuple[str, ...]
+    posts: Tuple[str, ...]
+    post_topic: Tuple[int, ...]
+    comments: Tuple[str, ...]
+    comment_topic: Tuple[int, ...]
+    interests: Tuple[str, ...]
+    interest_topic: Tuple[int, ...]
+
+
+def load_corpus(path: Optional[str] = None) -> Corpus:
+    """Read the crowd corpus JSON (`{"topics": [{"name", "interests", "posts", "comments"}]}`)."""
+    path = path or default_path()
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        topics = data["topics"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"cannot read crowd corpus {path!r}: {e}") from None
+    fields = {k: ([], []) for k in ("posts", "comments", "interests")}
+    for i, t in enumerate(topics):
+        for k, (texts, ids) in fields.items():
+            items = t.get(k) or []
+            if not items or not all(isinstance(s, str) and s.strip() for s in items):
+                raise ValueError(f"crowd corpus {path!r}: topic {t.get('name', i)!r} needs a "
+                                 f"non-empty list of non-empty strings under {k!r}")
+            texts += items
+            ids += [i] * len(items)
+    names = tuple(str(t["name"]) for t in topics)
+    return Corpus(topics=names, **{k: tuple(v[0]) for k, v in fields.items()},
+                  post_topic=tuple(fields["posts"][1]),
+                  comment_topic=tuple(fields["comments"][1]),
+                  interest_topic=tuple(fields["interests"][1]))
+
+
+def topic_ids(corpus: Corpus, names: Sequence[str]) -> List[int]:
+    """Topic ids of `names` (ValueError names an unknown topic)."""
+    out = []
+    for n in names:
+        if n not in corpus.topics:
+            raise ValueError(f"unknown crowd topic {n!r}; known: {', '.join(corpus.topics)}")
+        out.append(corpus.topics.index(n))
+    return out
+
+
+def tokenize(tokenizer, texts: Sequence[str], length: Optional[int] = None) -> np.ndarray:
+    """[n, length] int32 ids of `" " + text` (leading-space form), truncated to `length` (None:
+    the longest), right-padded with PAD_TOKEN."""
+    rows = [tokenizer.encode(" " + t, add_special_tokens=False) for t in texts]
+    length = length or max(1, max(len(r) for r in rows))
+    out = np.full((len(rows), length), PAD_TOKEN, np.int32)
+    for i, r in enumerate(rows):
+        r = r[:length]
+        out[i, :len(r)] = r
+    return out
+
+
+def embed_rows(embed_fn: Callable[[Array], Array], tokens: np.ndarray,
+               chunk: int = 64) -> np.ndarray:
+    """Apply `embed_fn` ([chunk, L] int32 -> [chunk, d]) over fixed-size chunks of `tokens`
+    [n, L] (one compiled shape; the last chunk is padded with PAD rows). Returns [n, d]."""
+    n = tokens.shape[0]
+    chunk = max(1, min(chunk, n))
+    pad = -n % chunk
+    padded = np.concatenate([tokens, np.full((pad, tokens.shape[1]), PAD_TOKEN, np.int32)])
+    out = [np.asarray(embed_fn(jnp.asarray(padded[i:i + chunk])))
+           for i in range(0, len(padded), chunk)]
+    return np.concatenate(out)[:n].astype(np.float32)
+
+
+def make_bank(tokens: np.ndarray, embedding: np.ndarray, topic: Sequence[int]) -> TextBank:
+    """A TextBank from host arrays (checks shapes; embeddings must be unit norm)."""
+    tokens, embedding = np.asarray(tokens, np.int32), np.asarray(embedding, np.float32)
+    topic = np.asarray(topic, np.int32)
+    n = tokens.shape[0]
+    if tokens.ndim != 2 or embedding.shape[:1] != (n,) or topic.shape != (n,) or n < 1:
+        raise ValueError(f"text bank needs tokens [Nb, L], embedding [Nb, d], topic [Nb] with "
+                         f"Nb >= 1; got {tokens.shape}, {embedding.shape}, {topic.shape}")
+    norm = np.linalg.norm(embedding, axis=-1)
+    if not np.allclose(norm, 1.0, atol=1e-3):
+        raise ValueError(f"text bank embeddings must be unit norm (norms in "
+                         f"[{norm.min():.3g}, {norm.max():.3g}])")
+    return TextBank(tokens=jnp.asarray(tokens), embedding=jnp.asarray(embedding),
+                    topic=jnp.asarray(topic))
+
+
+def topic_centroids(bank: TextBank, num_topics: int) -> Array:
+    """[num_topics, d] unit mean embedding of each topic's entries (zero for an empty topic)."""
+    onehot = jax.nn.one_hot(bank.topic, num_topics, dtype=jnp.float32)  # [Nb, T]
+    return normalize(onehot.T @ bank.embedding)
+
+
+# ----------------------------------------------------------------------------------------------
+# inside jit: drawing entries
+
+def choose(key: Array, bank: TextBank, query: Array, temperature) -> Array:
+    """Gumbel-max draw of one entry per query: query [B, d] -> index [B] int32, with
+    P(i) = softmax_i(cos(query, bank.embedding[i]) / temperature)."""
+    chex.assert_rank(query, 2)
+    logits = normalize(query) @ bank.embedding.T / temperature  # [B, Nb]
+    return jnp.argmax(logits + jax.random.gumbel(key, logits.shape), axis=1).astype(jnp.int32)
+
+
+def draw_posts(key: Array, text: CrowdText, interest: Array) -> Tuple[Array, Array, Array]:
+    """Post text for authors of interest [B, d]: (tokens [B, L], embedding [B, d], index [B])."""
+    i = choose(key, text.posts, interest, text.temperature)
+    return text.posts.tokens[i], text.posts.embedding[i], i
+
+
+def draw_replies(key: Array, text: CrowdText, interest: Array, parent: Array
+                 ) -> Tuple[Array, Array, Array]:
+    """Comment / quote text for authors of interest [B, d] replying to posts of embedding
+    parent [B, d]: drawn by normalize(interest + parent). Returns (tokens, embedding, index)."""
+    i = choose(key, text.comments, normalize(interest) + normalize(parent), text.temperature)
+    return text.comments.tokens[i], text.comments.embedding[i], i
+
+
+def by_id(text: CrowdText, ids: Array) -> Tuple[Array, Array]:
+    """Post-bank entry `id % Nb` for global post ids [B]: (tokens [B, L], embedding [B, d])."""
+    i = jnp.maximum(ids, 0) % text.posts.size
+    return text.posts.tokens[i], text.posts.embedding[i]
