@@ -44,6 +44,16 @@ def _peak_memory_gb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "host_rss"
 
 
+def _bound(fn, compiled):
+    """Call an AOT-compiled program the way the loop calls `fn`: the loop's wrappers pass the
+    rollout grammar as an extra argument (keyword for rollout/score, positional for update)."""
+    if hasattr(fn, "jitted") and hasattr(fn, "grammar"):
+        return lambda *a: compiled(*a, grammar=fn.grammar)
+    if hasattr(fn, "_jitted") and hasattr(fn, "grammar"):
+        return lambda *a: compiled(*a, fn.grammar)
+    return compiled
+
+
 def profile(config, repeats=2, trace_dir="", peak_tflops=0.0):
     """Measure one config. Returns a dict of figures (see module docstring)."""
     import jax
@@ -59,15 +69,17 @@ def profile(config, repeats=2, trace_dir="", peak_tflops=0.0):
     key = jax.random.key(0)
     args = (state.train.params, state.train.ref_params, state.society, key)
     t0 = time.perf_counter()
-    rollout = run._rollout.lower(*args).compile()
+    rollout = _bound(run._rollout, run._rollout.lower(*args).compile())
     compile_rollout = time.perf_counter() - t0
     soc, ro = rollout(*args)
     jax.block_until_ready(ro.tokens)
     bonus = jnp.zeros(ro.created_id.shape, jnp.float32)
     t0 = time.perf_counter()
-    score = run._score.lower(state.train, ro, bonus).compile()
+    score = _bound(run._score, run._score.lower(state.train, ro, bonus).compile())
     batch = score(state.train, ro, bonus)[0]
-    update = run.update.lower(state.train, batch).compile()
+    # As run_epoch: trajectories along the data axes.
+    batch = sharding.put_global(batch, sharding.tree_data_shardings(batch, run.mesh))
+    update = _bound(run.update, run.update.lower(state.train, batch).compile())
     compile_update = time.perf_counter() - t0
     roll_t, upd_t, tokens, trained = [], [], [], []
     for i in range(repeats):
@@ -78,6 +90,7 @@ def profile(config, repeats=2, trace_dir="", peak_tflops=0.0):
         roll_t.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         batch = score(state.train, ro, bonus)[0]
+        batch = sharding.put_global(batch, sharding.tree_data_shardings(batch, run.mesh))
         new_train, _ = update(state.train, batch)
         jax.block_until_ready(new_train.step)
         upd_t.append(time.perf_counter() - t0)

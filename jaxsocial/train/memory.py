@@ -24,7 +24,13 @@ GiB = 1024 ** 3
 
 @dataclasses.dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes per device, by component."""
+    """Bytes per device, by component, and the peak of each of the epoch's programs.
+
+    programs: {"rollout", "score", "update"} -> per-device bytes alive while that program runs
+    (its arguments, outputs and temporaries, plus the run state it does not take). `total` is
+    the largest of them (the epoch's high-water mark); without programs, the sum of the
+    components.
+    """
 
     params: int
     grads: int
@@ -32,13 +38,24 @@ class MemoryEstimate:
     reference: int
     kv_cache: int
     activations: int
+    programs: Dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def components(self) -> Dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name != "programs"}
+
+    @property
+    def peak(self) -> int:
+        return max(self.programs.values()) if self.programs else sum(self.components.values())
 
     @property
     def total(self) -> int:
-        return sum(dataclasses.asdict(self).values())
+        return self.peak
 
     def table(self) -> str:
-        rows = [(k, v) for k, v in dataclasses.asdict(self).items()] + [("total", self.total)]
+        rows = list(self.components.items())
+        rows += [(f"[{k}]", v) for k, v in self.programs.items()] + [("total", self.total)]
         return "\n".join(f"{k:>12s}  {v / GiB:10.3f} GiB" for k, v in rows)
 
 
@@ -87,49 +104,102 @@ def params_per_device(cfg: LlamaConfig, mesh: Dict[str, int]) -> int:
 def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: int,
              prompt_len: int, response_len: int, train_micro_batch: Optional[int] = None,
              with_reference: bool = True, optimizer_slots: int = 2, lora_rank: int = 0,
-             remat: bool = False) -> MemoryEstimate:
-    """Per-device bytes for rollout (KV cache) + PPO update (params, grads, adam, activations).
+             remat: bool = False, trajectories: Optional[int] = None,
+             optimizer_dtype: Optional[str] = None, donate: bool = False,
+             logits_chunk_bytes: int = 64 * 2 ** 20, rollout_sharded: bool = False,
+             score_sharded: bool = False) -> MemoryEstimate:
+    """Per-device bytes of the epoch's three programs (rollout, scoring, PPO update).
 
-    batch: prompts generated at once (global); train_micro_batch: sequences per update step
-    (global, default batch); optimizer_slots: 2 for Adam(W) (mu, nu in float32).
+    batch: prompts generated at once (global, the acting agents); trajectories: rows scored
+    and trained per epoch (global, default batch); train_micro_batch: rows per gradient step
+    (global, default trajectories); optimizer_slots: 2 for Adam(W), whose moments (and the
+    gradients) have the parameters' dtype unless optimizer_dtype says otherwise (optax's
+    default); lora_rank > 0: float32 adapters are trained, the base is frozen and is the
+    reference. donate: the update's state is donated (its outputs reuse the argument buffers).
+    rollout_sharded / score_sharded: whether the rollout's prompts / the scored trajectories
+    are split along the data axes (as the loop does it; False: each device holds all rows).
+    logits_chunk_bytes: the largest [rows, chunk, V] float32 logits block (`policy.token_stats`).
+
+    Model (checked against XLA's memory_analysis of the compiled programs by
+    tests/test_aot_memory.py): run state = policy + reference + optimizer; the rollout adds
+    the KV cache and one prefill layer's temporaries (attention scores in float32), the
+    scoring pass one layer's temporaries over all trajectories, and the update the new state
+    (unless donated), two gradient trees, the saved layer inputs (with remat) or all
+    activations (Korthikanti et al. 2022: 34*T*B*H + 5*heads*T^2*B at 16 bits) and the logits
+    block.
     """
     mesh = dict(zip(AXES, (int(s) for s in mesh_shape)))
     pbytes = np.dtype(as_dtype(cfg.param_dtype)).itemsize
     cbytes = np.dtype(as_dtype(cfg.dtype)).itemsize
+    obytes = np.dtype(as_dtype(optimizer_dtype)).itemsize if optimizer_dtype else pbytes
+    t = max(1, mesh["tensor"])
+    data = mesh["data"] * mesh["fsdp"]
     n_local = params_per_device(cfg, mesh)
     params = n_local * pbytes
-    reference = params if with_reference else 0
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    L, hd = cfg.num_hidden_layers, cfg.head_dim
+    divides = lambda n: n % t == 0  # noqa: E731
+    heads_l = cfg.num_attention_heads // (t if divides(cfg.num_attention_heads) else 1)
+    kv_l = cfg.num_key_value_heads // (t if divides(cfg.num_key_value_heads) else 1)
+    i_l = i // (t if divides(i) else 1)
+    value_head = (h + 1) * 4
     if lora_rank:
-        # Adapters on q/k/v/o/gate/up/down; base weights frozen (and double as the reference).
-        h, i = cfg.hidden_size, cfg.intermediate_size
-        nd, kd = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-        per_layer = (h + nd) + 2 * (h + kd) + (nd + h) + 3 * (h + i)
-        trainable = cfg.num_hidden_layers * lora_rank * per_layer
-        trainable //= max(1, mesh["tensor"])
+        # Adapters (float32, replicated) on q/k/v/o/gate/up/down; base frozen = reference.
+        nd, kd = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+        per_layer = (h + nd) + 2 * (h + kd) + (nd + h) + 3 * (h + i)  # a + b per kernel
+        trainable = L * lora_rank * per_layer * 4 + value_head
+        opt = optimizer_slots * trainable
         reference = 0
+        merged = params  # base + A @ B materialised for the forward passes
     else:
-        trainable = n_local
-    grads = trainable * 4
-    optimizer = trainable * 4 * optimizer_slots
-    data = mesh["data"] * mesh["fsdp"]
-    b_local = max(1, math.ceil(batch / data))
+        trainable = params + value_head
+        opt = optimizer_slots * (n_local * obytes + value_head)
+        reference = params if with_reference else 0
+        merged = 0
+    grads = trainable
+    state = params + reference + opt + (trainable if lora_rank else value_head)
     seq = prompt_len + response_len
-    kv_heads_local = cfg.num_key_value_heads // (mesh["tensor"] if cfg.num_key_value_heads
-                                                  % mesh["tensor"] == 0 else 1)
-    kv_cache = 2 * cfg.num_hidden_layers * b_local * seq * kv_heads_local * cfg.head_dim * cbytes
-    mb_local = max(1, math.ceil((train_micro_batch or batch) / data))
-    heads_local = cfg.num_attention_heads // (mesh["tensor"] if cfg.num_attention_heads
-                                              % mesh["tensor"] == 0 else 1)
-    h = cfg.hidden_size
+    rows = int(trajectories or batch)
+
+    # Rollout: KV cache + one prefill layer's temporaries (+ LoRA's merged weights).
+    b_r = math.ceil(batch / data) if rollout_sharded else batch
+    kv_cache = 2 * L * b_r * seq * kv_l * hd * cbytes
+    prefill = b_r * prompt_len * (2 * heads_l * prompt_len * 4 + prompt_len * 4
+                                  + 3 * i_l * cbytes + 4 * h * cbytes)
+    traj_row = prompt_len * 5 + response_len * 9  # ids + mask, tokens + logprobs + mask
+    rollout_out = rows * traj_row
+    rollout = state + kv_cache + merged + prefill + rollout_out
+
+    # Scoring: policy and reference forwards over all trajectories, one layer at a time.
+    b_s = math.ceil(rows / data) if score_sharded else rows
+    layer_tmp = b_s * seq * (2 * heads_l * seq * 4 + seq * 4 + 3 * i_l * cbytes
+                             + 4 * h * cbytes)
+    logits_blk = min(logits_chunk_bytes, b_s * response_len * cfg.vocab_size * 4)
+    batch_bytes = rows * (seq * 5 + response_len * 16)
+    score = state + merged + rollout_out + batch_bytes + layer_tmp + 2 * logits_blk
+
+    # Update: the new state (unless donated), gradients (accumulator + one micro-batch's),
+    # the micro-batch's activations and logits block.
+    mb = math.ceil(int(train_micro_batch or rows) / data)
     if remat:
-        per_layer = seq * mb_local * h * cbytes
+        saved = L * seq * mb * h * cbytes
+        one_layer = (34 * seq * mb * h // t + 5 * heads_l * seq * seq * mb) * cbytes // 2
+        act = saved + one_layer
     else:
-        per_layer = (34 * seq * mb_local * h // max(1, mesh["tensor"])
-                     + 5 * heads_local * seq * seq * mb_local) * cbytes // 2
-    logits = mb_local * seq * cfg.vocab_size * 4 * 2  # float32 logits + their gradient
-    activations = cfg.num_hidden_layers * per_layer + logits
-    return MemoryEstimate(params=params, grads=grads, optimizer=optimizer, reference=reference,
-                          kv_cache=kv_cache, activations=activations)
+        act = L * (34 * seq * mb * h // t + 5 * heads_l * seq * seq * mb) * cbytes // 2
+    logits = 3 * min(logits_chunk_bytes, mb * response_len * cfg.vocab_size * 4)
+    activations = act + logits
+    new_state = 0 if donate else (trainable + opt)
+    # Sharded weights are all-gathered where used: the largest matrix (embedding / LM head,
+    # vocab split by tensor only) and its full gradient before the reduce-scatter.
+    big = cfg.vocab_size * h * pbytes // (t if cfg.vocab_size % t == 0 else 1)
+    gather = 2 * big if mesh["fsdp"] > 1 else 0
+    update = (state + math.ceil(batch_bytes / data) + new_state + 2 * grads + merged
+              + activations + gather)
+    return MemoryEstimate(params=params, grads=grads, optimizer=opt, reference=reference,
+                          kv_cache=kv_cache, activations=activations,
+                          programs={"rollout": int(rollout), "score": int(score),
+                                    "update": int(update)})
 
 
 def check_fits(est: MemoryEstimate, device_bytes: int, headroom: float = 0.9) -> bool:

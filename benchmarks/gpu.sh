@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Throughput on one accelerator, one line per row: rollout tokens/s, PPO tokens/s, MFU against
+# the device's peak, peak memory. Rows: SmolLM2-135M-Instruct (the packaged GGUF) and a
+# llama3_2_1b-shaped random model, both in configs/general.py's society. Budget: <= 8 min on
+# one H200 (each row is capped by `timeout`).
+#
+#   benchmarks/gpu.sh                 # on the GPU (PEAK_TFLOPS=989: H100/H200 dense bf16)
+#   benchmarks/gpu.sh --cpu_smoke     # tiny shapes on CPU: checks the script end to end
+#
+# SmolLM2: the device machine has no network, so fetch the GGUF beforehand on a host that has
+# (`python -c "from jaxsocial.models import zoo; print(zoo.smollm2_135m_instruct())"`) and
+# point SMOLLM2_GGUF at it (default: the zoo's cache path); the row is skipped if it is absent.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/jaxsocial_gpu_bench}
+mkdir -p "$OUT"
+PEAK=${PEAK_TFLOPS:-989}
+SMOKE=0
+[[ "${1:-}" == "--cpu_smoke" ]] && SMOKE=1
+# 2 x 230 s on the GPU; on a CPU (smoke) compiling dominates, so allow more.
+ROW_TIMEOUT=${ROW_TIMEOUT:-$([[ $SMOKE == 1 ]] && echo 1800 || echo 230)}
+
+if [[ $SMOKE == 1 ]]; then
+  export JAX_PLATFORMS=cpu
+  COMMON=(--config=configs/general.py:smoke --repeats=1 --peak_tflops=0.1)
+  SMOL=(--config.model.preset=tiny)          # no download on CPU: the tiny model stands in
+  ONEB=(--config.model.preset=tiny --config.agents.num_agents=8)
+else
+  GGUF=${SMOLLM2_GGUF:-$(python -c "import os.path as p; from jaxsocial.models import zoo; print(p.join(zoo.cache_dir(), 'smollm2-135m-instruct', p.basename(zoo.SMOLLM2_MEMBER)))" 2>/dev/null)}
+  COMMON=(--config=configs/general.py --repeats=2 --peak_tflops="$PEAK"
+          --config.mesh.shape='(1,1,1)' --config.rollout.ticks_per_epoch=8
+          --config.rl.minibatches=8 --config.rl.ppo_epochs=1)
+  SMOL=(--config.model.checkpoint="$GGUF" --config.model.remat=False)
+  ONEB=(--config.model.preset=llama3_2_1b --config.model.require_checkpoint=False
+        --config.rl.micro_batch=14)
+fi
+
+row() {  # name, extra args...
+  local name=$1; shift
+  local start=$SECONDS
+  if timeout "$ROW_TIMEOUT" python launch/profile.py "${COMMON[@]}" "$@" \
+      --out="$OUT/$name.json" > "$OUT/$name.log" 2>&1; then
+    python - "$OUT/$name.json" "$name" $((SECONDS - start)) <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+mfu = lambda k: f"{100 * r[k]:.2f}%" if k in r else "n/a"  # noqa: E731
+print(f"row={sys.argv[2]} backend={r['backend']} params={r['params'] / 1e6:.0f}M "
+      f"rollout_tok_s={r['tokens_per_s']:.0f} ppo_tok_s={r['ppo_tokens_per_s']:.0f} "
+      f"rollout_mfu={mfu('rollout_mfu')} update_mfu={mfu('update_mfu')} "
+      f"peak_mem_gb={r['peak_memory_gb']:.2f}({r['peak_memory_kind']}) "
+      f"compile_s={r['compile_rollout_s'] + r['compile_update_s']:.0f} wall_s={sys.argv[3]}")
+PY
+  else
+    echo "row=$name FAILED or timed out after $((SECONDS - start)) s (log: $OUT/$name.log)"
+    tail -5 "$OUT/$name.log"
+  fi
+}
+
+if [[ $SMOKE == 0 && ! -f "${GGUF:-}" ]]; then
+  echo "row=smollm2_135m SKIPPED: no GGUF at '${GGUF:-}' (set SMOLLM2_GGUF)"
+else
+  row smollm2_135m "${SMOL[@]}"
+fi
+row llama3_2_1b_random "${ONEB[@]}"

@@ -1,0 +1,341 @@
+"""Ahead-of-time proof of memory: compile an epoch's programs for an abstract model.
+
+    run = aot.abstract_run(config, mesh)      # SocialRL whose weights are ShapeDtypeStructs
+    report = aot.compile_epoch(run)           # lower + compile rollout, scoring, update
+    print(aot.format_report(report))
+
+No weight is materialised: the policy, reference and Adam state are `jax.ShapeDtypeStruct`s
+(from `jax.eval_shape` of their initialisers) carrying the shardings the loop would give them,
+so an 8B model's programs compile on a laptop against a fake mesh of CPU devices
+(`XLA_FLAGS=--xla_force_host_platform_device_count=N`, set before jax is imported). For each
+program XLA's `compiled.memory_analysis()` gives the bytes *per device* of its arguments,
+outputs, temporaries and the outputs aliased to donated arguments; `total = argument + output
++ temp - alias`. Buffers alive during a program that are not its arguments (the optimizer
+state during the rollout, the rollout and the new society during the update) are added as
+`other` from their shardings, so `peak = total + other` is the epoch's per-device high-water
+mark as the loop (`SocialRL.run_epoch`) holds its buffers.
+
+Caveat: this is XLA's CPU backend. The SPMD partitioning, buffer sizes and argument/output
+accounting are the target's; the temporaries depend on the backend's fusion and scheduling
+decisions (GPU/TPU fuse more, so CPU temporaries are usually an upper bound; CPU also widens
+some bf16 arithmetic to f32).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from typing import Any, Dict, List, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxsocial.models import llama
+from jaxsocial.train import loop, memory, sharding
+
+GiB = 1024 ** 3
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramMemory:
+    """Per-device bytes of one compiled program (XLA's memory_analysis) + live non-arguments."""
+
+    name: str
+    argument: int
+    output: int
+    temp: int
+    alias: int
+    other: int        # buffers alive during the program that are not its arguments
+    compile_s: float
+
+    @property
+    def total(self) -> int:
+        return self.argument + self.output + self.temp - self.alias
+
+    @property
+    def peak(self) -> int:
+        return self.total + self.other
+
+
+def per_device_bytes(tree: Any) -> int:
+    """Bytes one device holds of a pytree of sharded ShapeDtypeStructs / arrays (the largest
+    shard; unsharded leaves count whole)."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            continue
+        shape = tuple(x.shape)
+        sh = getattr(x, "sharding", None)
+        if sh is not None:
+            shape = tuple(sh.shard_shape(shape))
+        total += math.prod(shape) * _itemsize(x.dtype)
+    return total
+
+
+def _itemsize(dtype) -> int:
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return 8  # threefry key data: 2 x uint32
+    return np.dtype(dtype).itemsize
+
+
+def _abstract(x, s):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+
+
+def _with_shardings(tree, shardings):
+    return jax.tree.map(_abstract, tree, shardings)
+
+
+@contextlib.contextmanager
+def _abstract_weights(model_overrides: Optional[Dict[str, Any]] = None):
+    """While active, SocialRL builds ShapeDtypeStruct weights instead of random ones, and the
+    set-up's eager forward passes (e.g. the post encoder's centre) return zeros of the right
+    shape."""
+    orig_model, orig_init = loop._model, loop.policy_lib.init_policy
+    orig_pooled = loop.SocialRL._pooled
+
+    def model(config, tokenizer):
+        m = config.model
+        cfg = llama.preset(m.preset, dtype=m.dtype, param_dtype=m.param_dtype,
+                           remat=bool(m.remat), **(model_overrides or {}))
+        if len(tokenizer) > cfg.vocab_size:
+            raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the model's embedding "
+                             f"has {cfg.vocab_size} rows")
+        return nnx.eval_shape(lambda: llama.Llama(cfg, rngs=nnx.Rngs(0)))
+
+    def init_policy(model, key=None, **kw):
+        box = {}
+
+        def f(key):
+            concrete = llama.Llama(model.config, rngs=nnx.Rngs(0))
+            pdef, params, ref = orig_init(concrete, key, **kw)
+            box["pdef"] = pdef
+            return params, ref
+        params, ref = jax.eval_shape(f, jax.random.key(0) if key is None else key)
+        return box["pdef"], params, ref
+
+    def pooled(self, ref_params, content):
+        if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(ref_params)):
+            out = jax.eval_shape(lambda r, c: orig_pooled(self, r, c), ref_params, content)
+            return jnp.zeros(out.shape, out.dtype)
+        return orig_pooled(self, ref_params, content)
+
+    loop._model, loop.policy_lib.init_policy, loop.SocialRL._pooled = model, init_policy, pooled
+    loop.jax = _JaxProxy(jax)
+    try:
+        yield
+    finally:
+        loop._model, loop.policy_lib.init_policy = orig_model, orig_init
+        loop.SocialRL._pooled = orig_pooled
+        loop.jax = jax
+
+
+def _unit_fill(s):
+    """Stand-in value of an abstract output: floats with unit-norm rows (checks on embeddings
+    pass), zeros otherwise. Only shapes matter for the compiled programs."""
+    if jnp.issubdtype(s.dtype, jnp.floating) and s.shape:
+        return jnp.full(s.shape, 1.0 / np.sqrt(s.shape[-1]), s.dtype)
+    return jnp.zeros(s.shape, s.dtype)
+
+
+class _AbstractAwareJit:
+    """A jitted function that, called on ShapeDtypeStructs (the set-up's eager passes over the
+    abstract reference weights, e.g. embedding the text banks), returns zeros of the output's
+    shape instead of failing; everything else (`lower`, calls on arrays) goes to the jit."""
+
+    def __init__(self, jitted):
+        self._jitted = jitted
+
+    def __call__(self, *args, **kwargs):
+        if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves((args, kwargs))):
+            out = jax.eval_shape(self._jitted, *args, **kwargs)
+            return jax.tree.map(_unit_fill, out)
+        return self._jitted(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._jitted, name)
+
+
+class _JaxProxy:
+    """`jax` as seen by the loop module while an abstract run is built: jit is abstract-aware."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def jit(self, fn, *args, **kwargs):
+        return _AbstractAwareJit(self._real.jit(fn, *args, **kwargs))
+
+
+def abstract_run(config, mesh=None, model_overrides: Optional[Dict[str, Any]] = None
+                 ) -> loop.SocialRL:
+    """A `SocialRL` for `config` whose initial weights are ShapeDtypeStructs (no checkpoint is
+    read and no weight allocated; the tokenizer is config.tokenizer or the tiny one).
+    model_overrides: LlamaConfig fields replacing the preset's (e.g. fewer layers)."""
+    config = config.copy_and_resolve_references() if hasattr(
+        config, "copy_and_resolve_references") else config
+    with config.unlocked() if hasattr(config, "unlocked") else contextlib.nullcontext():
+        config.model.checkpoint = ""
+        config.model.require_checkpoint = False
+    with _abstract_weights(model_overrides):
+        return loop.SocialRL(config, mesh=mesh)
+
+
+def abstract_state(run: loop.SocialRL) -> loop.RunState:
+    """The RunState `run.init_state()` would build, as ShapeDtypeStructs with the loop's
+    shardings."""
+    params, ref = run._init_params, run._init_ref
+
+    def init(p, r):
+        run._init_params, run._init_ref = p, r
+        try:
+            return run.init_state()
+        finally:
+            run._init_params, run._init_ref = params, ref
+    shapes = jax.eval_shape(init, params, ref)
+    return _with_shardings(shapes, run.state_shardings(shapes))
+
+
+def _compile(name, fn, args, other) -> tuple:
+    t0 = time.perf_counter()
+    compiled = fn.lower(*args).compile()
+    dt = time.perf_counter() - t0
+    ma = compiled.memory_analysis()
+    mem = ProgramMemory(name=name, argument=int(ma.argument_size_in_bytes),
+                        output=int(ma.output_size_in_bytes), temp=int(ma.temp_size_in_bytes),
+                        alias=int(ma.alias_size_in_bytes), other=int(other), compile_s=dt)
+    out = jax.eval_shape(fn, *args)
+    out = _with_shardings(out, compiled.output_shardings)
+    return mem, out
+
+
+def compile_epoch(run: loop.SocialRL, state: Optional[loop.RunState] = None,
+                  programs=("rollout", "score", "update")) -> List[ProgramMemory]:
+    """Lower and compile the epoch's programs as `run.run_epoch` calls them, on abstract
+    arguments; returns one ProgramMemory per program (per-device bytes)."""
+    state = abstract_state(run) if state is None else state
+    rep = sharding.replicated(run.mesh)
+    key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=rep)
+    train = state.train
+    res = []
+    # Rollout: the rest of the run state (optimizer, society copy) stays alive.
+    args = (train.params, train.ref_params, state.society, key)
+    other = per_device_bytes(train) - per_device_bytes((train.params, train.ref_params))
+    mem, (soc, ro) = _compile("rollout", run._rollout, args, other)
+    res.append(mem)
+    if "score" not in programs and "update" not in programs:
+        return res
+    bonus = jax.ShapeDtypeStruct(ro.created_id.shape, jnp.float32, sharding=rep)
+    # Scoring: the old society (held by the caller's state) and the new one stay alive.
+    mem, (batch, score, eng, gap) = _compile(
+        "score", run._score, (train, ro, bonus),
+        per_device_bytes((state.society, soc)))
+    res.append(mem)
+    if "update" not in programs:
+        return res
+    batch = _with_shardings(batch, sharding.tree_data_shardings(batch, run.mesh))
+    # Update: the rollout, both societies and the scores stay alive in run_epoch.
+    mem, _ = _compile("update", run.update, (train, batch),
+                      per_device_bytes((state.society, soc, ro, score, eng, gap)))
+    res.append(mem)
+    return res
+
+
+def program_memory(name: str, fn, args, other: int = 0):
+    """Lower + compile `fn(*args)` (a jitted function, ShapeDtypeStruct args with shardings)
+    -> (ProgramMemory, abstract outputs with their compiled shardings)."""
+    return _compile(name, fn, args, other)
+
+
+def abstract_update(model_config: llama.LlamaConfig, rl_config, mesh, *, rows: int,
+                    prompt_len: int, response_len: int, lora=None, donate: bool = False):
+    """The PPO update alone, for an abstract policy of `model_config` on `mesh`:
+    -> (update fn, (train state, batch) as sharded ShapeDtypeStructs). No grammar; the batch
+    along the data axes, the weights by the logical-axis rules (as the loop places them)."""
+    from jaxsocial.rl import buffer as buffer_lib
+    from jaxsocial.rl import policy as policy_lib
+    from jaxsocial.rl import ppo as ppo_lib
+
+    box = {}
+
+    def init(key):
+        model = llama.Llama(model_config, rngs=nnx.Rngs(0))
+        pdef, params, ref = policy_lib.init_policy(model, key, lora=lora)
+        box["pdef"] = pdef
+        return ppo_lib.init_train_state(rl_config, pdef, params, ref, key)
+    train = jax.eval_shape(init, jax.random.key(0))
+    pdef = box["pdef"]
+    _, model_state = nnx.split(nnx.eval_shape(lambda: llama.Llama(model_config,
+                                                                   rngs=nnx.Rngs(0))))
+    weight_sh = nnx.to_pure_dict(sharding.state_shardings(model_state, mesh))
+    rep = sharding.replicated(mesh)
+    keys = set(weight_sh)
+
+    def place(tree):
+        if isinstance(tree, dict) and set(tree) == keys:
+            return jax.tree.map(lambda sh, x: sh, weight_sh, tree)
+        if isinstance(tree, dict):
+            return {k: place(v) for k, v in tree.items()}
+        if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
+            return type(tree)(place(v) for v in tree)
+        if hasattr(tree, "_fields"):
+            return type(tree)(*(place(v) for v in tree))
+        if dataclasses.is_dataclass(tree):
+            return tree.replace(**{f.name: place(getattr(tree, f.name))
+                                   for f in dataclasses.fields(tree)
+                                   if f.metadata.get("pytree_node", True)})
+        return jax.tree.map(lambda _: rep, tree)
+    train = _with_shardings(train, place(train))
+    batch = jax.eval_shape(lambda: buffer_lib.make_trajectory(
+        jnp.zeros((rows, prompt_len), jnp.int32), jnp.ones((rows, prompt_len), bool),
+        jnp.zeros((rows, response_len), jnp.int32), jnp.ones((rows, response_len), bool),
+        scores=jnp.zeros((rows,), jnp.float32)))
+    batch = _with_shardings(batch, sharding.tree_data_shardings(batch, mesh))
+    update = ppo_lib.make_update(rl_config, pdef, donate=donate)
+    return update, (train, batch)
+
+
+def run_estimate(run: loop.SocialRL) -> memory.MemoryEstimate:
+    """`memory.estimate` for the run's model, mesh and shapes (what `SocialRL` checks)."""
+    c = run.config
+    rows = int(c.rollout.ticks_per_epoch) * run.active
+    if hasattr(run.rl_config, "accumulation"):
+        micro = run.rl_config.accumulation(rows)[1]
+    else:
+        micro = rows // max(1, int(c.rl.minibatches))
+    return memory.estimate(
+        run.model_config, tuple(run.mesh.shape.values()), batch=run.active,
+        prompt_len=run.template.max_len, response_len=run.sampling.max_new_tokens,
+        train_micro_batch=micro, lora_rank=int(c.rl.lora_rank), remat=run.model_config.remat,
+        trajectories=rows)
+
+
+def format_report(progs: List[ProgramMemory], est: Optional[memory.MemoryEstimate] = None,
+                  prefix: str = "") -> str:
+    """One line per program: argument / output / temp / alias / total / other / peak GiB."""
+    lines = []
+    for p in progs:
+        e = ""
+        if est is not None and p.name in est.programs:
+            e = f" estimate={est.programs[p.name] / GiB:.3f}"
+        lines.append(f"{prefix}program={p.name} arg={p.argument / GiB:.3f} "
+                     f"out={p.output / GiB:.3f} temp={p.temp / GiB:.3f} "
+                     f"alias={p.alias / GiB:.3f} total={p.total / GiB:.3f} "
+                     f"other={p.other / GiB:.3f} peak={p.peak / GiB:.3f}{e} GiB "
+                     f"compile_s={p.compile_s:.1f}")
+    return "\n".join(lines)
+
+
+def epoch_peak(progs: List[ProgramMemory]) -> int:
+    """Per-device high-water mark of the epoch: the largest program peak."""
+    return max(p.peak for p in progs)
+
+
+def summary(progs: List[ProgramMemory]) -> Dict[str, Any]:
+    return {p.name: dict(dataclasses.asdict(p), total=p.total, peak=p.peak) for p in progs}
