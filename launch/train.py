@@ -6,14 +6,31 @@ r"""Social-RL training: agents act in the society, likes become reward, PPO/GRPO
 
 The workdir receives metrics.jsonl (one object per epoch), TensorBoard events, samples.jsonl,
 orbax checkpoints (every `train.checkpoint_every` epochs and at the end; the last
-`train.keep_checkpoints` kept), summary.json and the final policy as a Hugging Face directory
-(export/). Re-running with the same workdir resumes from its latest checkpoint (the resumed run
-produces the same metrics as an uninterrupted one); `--noresume` starts over. SIGTERM saves a
-checkpoint at the end of the current epoch and exits 0.
+`train.keep_checkpoints` kept), summary.json, train.log (the full log) and the final policy as a
+Hugging Face directory (export/). Re-running with the same workdir resumes from its newest good
+checkpoint (the resumed run produces the same metrics as an uninterrupted one) if the config
+matches the stored config.json; `--config.train.allow_config_change=True` accepts changed
+train.* keys (more epochs, ...); `--noresume` starts over. SIGTERM exits 0: during the epoch
+loop after saving a checkpoint at the end of the current epoch, before it at once.
+
+The console shows a progress bar with each epoch's headline metrics, warnings of this project
+and one-line errors; everything else (absl/orbax/XLA logs, tracebacks) goes to
+workdir/train.log. `--verbose` sends everything to the console instead.
 """
 
 import os
+import signal
 import sys
+
+
+def _exit_on_sigterm(signum, frame):  # noqa: ARG001
+    # Until runner.train installs its own handler nothing exists that needs saving.
+    sys.stderr.write("stopped by SIGTERM during start-up (nothing to save)\n")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
 # launch/ holds profile.py, which would shadow the stdlib `profile` that cProfile imports:
 # keep launch/ off the import path and put the repository root on it.
@@ -22,8 +39,9 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 sys.path.insert(0, os.path.dirname(_HERE))
 
 import json  # noqa: E402
+import logging as py_logging  # noqa: E402
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py",
@@ -32,20 +50,94 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py",
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default runs/<config.name>).")
 _RESUME = flags.DEFINE_bool("resume", True, "Resume from the workdir's latest checkpoint.")
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Full logs on the console instead of only in "
+                             "workdir/train.log.")
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def parse_flags(argv):
+    """absl's parser, but any error (an unknown --config key, a bad value, a config file
+    that fails to load) is one line on stderr and exit status 2."""
+    try:
+        return flags.FLAGS(argv)
+    except Exception as e:  # noqa: BLE001 -- flag and config-file errors of any kind
+        msg = _one_line(e)
+        if isinstance(e, (KeyError, AttributeError)) and "--config." in " ".join(argv):
+            msg += " (not a key of this config: see the config file or base_config)"
+        sys.stderr.write(f"error: {msg}\n")
+        sys.exit(2)
+
+
+class _ConsoleHandler(py_logging.Handler):
+    """Warnings and errors logged by this project's code (jaxsocial/, launch/) to the console,
+    one line each, without breaking the progress bar."""
+
+    def __init__(self, console):
+        super().__init__(py_logging.WARNING)
+        self.console = console
+        root = os.path.dirname(_HERE)
+        self.dirs = (os.path.join(root, "jaxsocial") + os.sep, _HERE + os.sep)
+
+    def emit(self, record):
+        if not record.pathname.startswith(self.dirs):
+            return
+        try:
+            from tqdm import tqdm
+            level = record.levelname.lower()
+            tqdm.write(f"{level}: {_one_line(record.getMessage(), 1000)}", file=self.console)
+        except Exception:  # noqa: BLE001
+            self.handleError(record)
+
+
+def _log_to_file(path: str):
+    """Point file descriptor 2 (absl/Python logging, XLA's C++ logs, stray warnings) at
+    `path`; return a stream on the original stderr for the console."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    console = os.fdopen(os.dup(2), "w", buffering=1)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return console
 
 
 def main(argv):
     del argv
-    from jaxsocial.train import runner
     config = _CONFIG.value
     workdir = _WORKDIR.value or os.path.join("runs", config.name)
+    console = sys.stderr
+    log_path = None
+    if not _VERBOSE.value:
+        os.makedirs(workdir, exist_ok=True)
+        pid = int(config.distributed.get("process_id", -1))
+        log_path = os.path.join(workdir, "train.log" if pid <= 0 else f"train.{pid}.log")
+        console = _log_to_file(log_path)
+        logging.set_verbosity(logging.INFO)
+        py_logging.getLogger().addHandler(_ConsoleHandler(console))
+    where = f" (full log: {log_path})" if log_path else ""
     try:
-        summary = runner.train(config, workdir, resume=_RESUME.value, progress=_PROGRESS.value)
-    except (ValueError, FileNotFoundError) as e:  # bad config / missing checkpoint: one line
-        sys.exit(f"error: {e}")
+        from jaxsocial.train import checkpointing, runner
+        summary = runner.train(config, workdir, resume=_RESUME.value, progress=_PROGRESS.value,
+                               progress_file=console)
+    except (ValueError, FileNotFoundError, OSError, checkpointing.CheckpointError) as e:
+        # bad config / resume refused / no good checkpoint / full disk: one line
+        logging.info("run failed", exc_info=True)
+        console.write(f"error: {_one_line(e)}{where}\n")
+        sys.exit(1)
+    except Exception as e:  # noqa: BLE001 -- anything else: one line, traceback in the log
+        logging.info("run failed", exc_info=True)
+        console.write(f"error: {type(e).__name__}: {_one_line(e)}{where}\n")
+        sys.exit(1)
+    if summary.get("stopped") == "SIGTERM" and summary["epochs"] is None:
+        console.write("stopped by SIGTERM before the first epoch (nothing to save)\n")
+        return
     print(runner.format_summary(summary))
     print(json.dumps({"workdir": workdir, "epochs": summary["epochs"]}))
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

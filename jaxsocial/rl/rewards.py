@@ -60,12 +60,22 @@ def followers_within_horizon(author: Array, created_tick: Array, follower_delta:
     return out if valid is None else jnp.where(valid, out, 0.0)
 
 
+NORMALIZE_MODES = ("none", "center", "whiten", "running")
+
+
 def normalize_scores(scores: Array, mode: str, eps: float = 1e-6) -> Array:
-    """'none' | 'whiten' (zero mean, unit std over the batch) | 'center'."""
-    if mode == "none":
+    """Per-epoch score normalisation of scores [M]: 'none' | 'center' | 'whiten' (zero mean,
+    unit std over the batch) | 'running'.
+
+    'running' keeps statistics across epochs, so it is not done here (scores pass through):
+    the PPO update divides them by the running std of all scores so far
+    (`PPOConfig.reward_norm="running"`, the statistics in `TrainState.reward_stats`, saved in
+    every checkpoint)."""
+    if mode in ("none", "running"):
         return scores
     if mode == "center":
         return scores - scores.mean()
     if mode == "whiten":
         return (scores - scores.mean()) / (scores.std() + eps)
-    raise ValueError(f"unknown reward normalisation {mode!r}; use none, center or whiten")
+    raise ValueError(f"unknown reward normalisation {mode!r}; use "
+                     f"{', '.join(NORMALIZE_MODES)}")

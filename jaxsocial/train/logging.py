@@ -3,15 +3,23 @@
 `MetricWriter(workdir)` writes `metrics.jsonl` and TensorBoard events (tensorboardX, no
 TensorFlow needed) side by side; `write_samples` appends qualitative samples to
 `samples.jsonl`. Values are converted from JAX/NumPy scalars to plain floats first.
+
+Exactly once: `cut_logs(workdir, epoch)` runs on every start (fresh or resumed) and keeps only
+the records of epochs <= the restored epoch in metrics.jsonl and samples.jsonl (0 on a fresh
+start: both emptied), and rewrites the TensorBoard events from the kept metrics into a fresh
+events directory, so a step is never shown twice. A torn last line (a run killed mid-write)
+is dropped with a warning naming the file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Any, Dict, Iterable, Mapping
 
 import numpy as np
+from absl import logging
 
 
 def to_python(value: Any) -> Any:
@@ -82,7 +90,68 @@ class MetricWriter:
         return False
 
 
-def read_jsonl(path: str) -> list:
-    """All records of a JSONL file (skipping blank lines)."""
+def read_jsonl(path: str, strict: bool = False) -> list:
+    """All records of a JSONL file (skipping blank lines).
+
+    A line that is not valid JSON (a torn last line from a killed run) is skipped with a
+    warning naming the file and line; strict=True raises ValueError naming them instead."""
+    out = []
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                msg = f"{path}:{i}: dropped an unreadable line ({e.msg}): {line.strip()[:60]!r}"
+                if strict:
+                    raise ValueError(msg) from None
+                logging.warning(msg)
+    return out
+
+
+def _atomic_write_lines(path: str, lines: Iterable[str]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(lines)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def cut_logs(workdir: str, epoch: int, tensorboard: bool = True) -> int:
+    """Keep only records of epochs <= `epoch` in metrics.jsonl and samples.jsonl, and rebuild
+    the TensorBoard events from the kept metrics. Returns the number of metric records kept."""
+    kept_metrics = []
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        path = os.path.join(workdir, name)
+        if not os.path.exists(path):
+            continue
+        records = read_jsonl(path)
+        kept = [r for r in records if int(r.get("epoch", 0)) <= epoch]
+        if len(kept) != len(records) or _has_torn_tail(path):
+            logging.info("%s: kept %d of %d records (epochs <= %d)", path, len(kept),
+                         len(records), epoch)
+            _atomic_write_lines(path, (json.dumps(r, sort_keys=name == "metrics.jsonl",
+                                                  ensure_ascii=False) + "\n" for r in kept))
+        if name == "metrics.jsonl":
+            kept_metrics = kept
+    tb_dir = os.path.join(workdir, "tensorboard")
+    if os.path.exists(tb_dir):
+        shutil.rmtree(tb_dir)
+    if tensorboard and kept_metrics:
+        from tensorboardX import SummaryWriter
+        with SummaryWriter(tb_dir) as tb:
+            for r in kept_metrics:
+                for k, v in flatten(r).items():
+                    tb.add_scalar(k, v, int(r["epoch"]))
+    return len(kept_metrics)
+
+
+def _has_torn_tail(path: str) -> bool:
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() == 0:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"

@@ -40,7 +40,8 @@ from jaxsocial.rl.state import TrainState
 from jaxsocial.social import prompting, society, text_bank
 from jaxsocial.social.actions import ActionType
 from jaxsocial.social.state import PAD_TOKEN, PostKind, SocialState, normalize
-from jaxsocial.train import agent_actions, code_problems, defaults, memory, sharding
+from jaxsocial.train import (agent_actions, code_problems, config_check, defaults, memory,
+                             sharding)
 
 Array = jax.Array
 
@@ -133,6 +134,7 @@ class SocialRL:
 
     def __init__(self, config: ml_collections.ConfigDict, mesh=None):
         self.config = config
+        config_check.check(config)  # before anything is built or compiled
         c = config
         if c.rl.algo not in ("ppo", "grpo"):
             raise ValueError(f"rl.algo={c.rl.algo!r}; choose 'ppo' or 'grpo'")

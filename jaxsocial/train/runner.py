@@ -8,54 +8,129 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any, Dict, Optional
 
 import jax
 import ml_collections
 from absl import logging
 
-from jaxsocial.train import checkpointing, loop, sharding
+from jaxsocial.train import checkpointing, config_check, loop, sharding
 from jaxsocial.train import logging as log_lib
 
 SUMMARY_KEYS = ("avg_likes_per_post", "zero_like_share", "positive_engagement_share",
                 "total_posts", "parse_failures", "reward_mean")
 
 
+def _read_stored_config(path: str) -> Optional[dict]:
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is unreadable ({e}); use a new --workdir or --noresume") from e
+
+
+def _write_json_atomic(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def check_resume(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, Any]:
+    """Compare workdir/config.json with `config` before resuming.
+
+    Returns the accepted (safe) differences {key: (old, new)}. Raises ValueError (one line)
+    when a key that changes shapes or semantics differs, or when safe keys differ without
+    `train.allow_config_change=True`."""
+    stored = _read_stored_config(os.path.join(workdir, "config.json"))
+    if stored is None:
+        return {}
+    safe, unsafe = config_check.resume_differences(stored, config)
+    if unsafe:
+        raise ValueError(
+            f"cannot resume {workdir}: its checkpoints were trained with a different "
+            f"{', '.join(unsafe)} ({config_check.format_differences(unsafe)}); these change "
+            f"shapes or semantics: use a new --workdir (or --noresume to start over there)")
+    if safe and not config.train.get("allow_config_change", False):
+        raise ValueError(
+            f"resuming {workdir} with changed {config_check.format_differences(safe)}: pass "
+            f"--config.train.allow_config_change=True to accept, or use a new --workdir")
+    return safe
+
+
 def train(config: ml_collections.ConfigDict, workdir: str, resume: bool = True,
           progress: bool = False, stop_after: Optional[int] = None,
-          run: Optional[loop.SocialRL] = None) -> Dict[str, Any]:
+          run: Optional[loop.SocialRL] = None, progress_file=None) -> Dict[str, Any]:
     """Run (or resume) training in `workdir`. Returns the summary dict (also summary.json).
+
+    Before anything is built the config is checked (`config_check.check`) and, when resuming,
+    compared with workdir/config.json (`check_resume`). The newest checkpoint that restores
+    and verifies is used (corrupt ones are set aside with a warning). metrics.jsonl,
+    samples.jsonl and the TensorBoard events are cut to the restored epoch on every start, so
+    each epoch is logged exactly once. A SIGTERM before the epoch loop returns at once (with
+    "stopped": "SIGTERM"); during it, the loop checkpoints and stops after the epoch.
 
     stop_after: stop after this many epochs *in this call* (tests use it to simulate an
     interruption); checkpoints are written as configured. run: a SocialRL already built
-    from the same config (reuses its compiled programs).
+    from the same config (reuses its compiled programs). progress_file: stream for the bar.
     """
+    config_check.check(config)
+    with checkpointing.PreemptionGuard(immediate=True) as guard:
+        try:
+            return _train(config, workdir, resume, progress, stop_after, run, progress_file,
+                          guard)
+        except checkpointing.Preempted:
+            logging.warning("SIGTERM before the first epoch: nothing new to save, exiting")
+            return {"epochs": None, "history": [], "first": None, "last": None,
+                    "stopped": "SIGTERM"}
+
+
+def _train(config, workdir, resume, progress, stop_after, run, progress_file, guard):
     d = config.distributed
     sharding.maybe_initialize_distributed(
         bool(d.enabled) or None, coordinator_address=d.get("coordinator_address"),
         num_processes=d.get("num_processes"), process_id=d.get("process_id"))
     lead = jax.process_index() == 0
     os.makedirs(workdir, exist_ok=True)
-    if lead:
-        with open(os.path.join(workdir, "config.json"), "w") as f:
-            f.write(config.to_json_best_effort(indent=2))
+    config_path = os.path.join(workdir, "config.json")
+    ckpt = checkpointing.Checkpointer(workdir, keep=int(config.train.keep_checkpoints))
+    resuming = resume and ckpt.latest_step is not None
+    if not resume and ckpt.latest_step is not None:
+        # Starting over: checkpoints of the previous run would be taken for this run's later.
+        logging.warning("--noresume: deleting the previous run's checkpoints %s",
+                        ckpt.all_steps())
+        ckpt.delete_all()
+    changes = check_resume(config, workdir) if resuming else {}
     run = run if run is not None else loop.SocialRL(config)
     state = run.init_state()
-    ckpt = checkpointing.Checkpointer(workdir, keep=int(config.train.keep_checkpoints))
     history = []
-    metrics_path = os.path.join(workdir, "metrics.jsonl")
-    if resume and ckpt.latest_step is not None:
-        restored, meta, step = ckpt.restore(state)
+    restored_epoch = 0
+    if resuming:
+        try:
+            restored, meta, step = ckpt.restore_latest_good(state)
+        except checkpointing.CheckpointError as e:
+            raise ValueError(f"{e}; use a new --workdir or --noresume") from None
         state = run.place(restored)
-        history = meta.get("history", [])
+        history = [h for h in meta.get("history", []) if h.get("epoch", 0) <= step]
+        restored_epoch = step
         logging.info("resumed from epoch %d", step)
-        # Drop metric lines written after the checkpoint (an interrupted epoch).
-        if lead and os.path.exists(metrics_path):
-            kept = [r for r in log_lib.read_jsonl(metrics_path) if r.get("epoch", 0) <= step]
-            with open(metrics_path, "w") as f:
-                f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in kept)
-    elif lead and os.path.exists(metrics_path) and not resume:
-        os.remove(metrics_path)
+    if lead:
+        # Only now (the restore succeeded, or this is a fresh start) does config.json change.
+        if changes:
+            with open(os.path.join(workdir, "config_changes.jsonl"), "a") as f:
+                f.write(json.dumps({"resumed_epoch": restored_epoch, "time": time.time(),
+                                    "changes": {k: list(v) for k, v in changes.items()}}) + "\n")
+            logging.warning("resuming with changed %s (recorded in config_changes.jsonl)",
+                            config_check.format_differences(changes))
+        if not resuming and os.path.exists(os.path.join(workdir, "config_changes.jsonl")):
+            os.remove(os.path.join(workdir, "config_changes.jsonl"))
+        _write_json_atomic(config_path, config.to_json_best_effort(indent=2))
+        # Exactly-once logs: drop whatever was logged after the restored epoch (all of it on a
+        # fresh start), TensorBoard included.
+        log_lib.cut_logs(workdir, restored_epoch)
     epochs = int(config.train.epochs)
     epoch = int(sharding.to_host(state.epoch))
     every = max(1, int(config.train.checkpoint_every))
@@ -63,9 +138,13 @@ def train(config: ml_collections.ConfigDict, workdir: str, resume: bool = True,
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=epochs, initial=epoch, desc="social-rl", unit="epoch", disable=not lead)
+        bar = tqdm(total=epochs, initial=min(epoch, epochs), desc="social-rl", unit="epoch",
+                   disable=not lead, file=progress_file, dynamic_ncols=True)
     writer = log_lib.MetricWriter(workdir) if lead else None
-    with checkpointing.PreemptionGuard() as guard:
+    guard.immediate = False
+    if guard.requested:  # arrived between handler swaps
+        raise checkpointing.Preempted()
+    try:
         while epoch < epochs:
             state, metrics, samples = run.run_epoch(state)
             epoch = metrics["epoch"]
@@ -77,8 +156,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, resume: bool = True,
             done_here += 1
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(likes=f"{metrics['avg_likes_per_post']:.3f}",
-                                posts=metrics["total_posts"])
+                bar.set_postfix_str(headline(record))
+            logging.info("epoch %d: %s", epoch, headline(record))
             last = epoch == epochs
             stop = guard.requested or (stop_after is not None and done_here >= stop_after)
             if epoch % every == 0 or last or stop:
@@ -87,13 +166,16 @@ def train(config: ml_collections.ConfigDict, workdir: str, resume: bool = True,
                 logging.warning("stopping after epoch %d (%s)", epoch,
                                 "SIGTERM" if guard.requested else "stop_after")
                 break
-    if bar is not None:
-        bar.close()
-    if writer is not None:
-        writer.close()
-    ckpt.close()
+    finally:
+        if bar is not None:
+            bar.close()
+        if writer is not None:
+            writer.close()
+        ckpt.close()
     summary = {"epochs": epoch, "history": history,
                "first": history[0] if history else None, "last": history[-1] if history else None}
+    if guard.requested:
+        summary["stopped"] = "SIGTERM"
     if epoch == epochs and config.train.export_hf:  # every process joins the gather
         run.export_policy(state, os.path.join(workdir, "export"), write=lead)
         summary["export"] = os.path.join(workdir, "export")
@@ -101,6 +183,12 @@ def train(config: ml_collections.ConfigDict, workdir: str, resume: bool = True,
         with open(os.path.join(workdir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
     return summary
+
+
+def headline(record: Dict[str, Any]) -> str:
+    """The epoch's headline metrics in one short string (progress bar, train.log)."""
+    return (f"likes/post={record['avg_likes_per_post']:.3f} posts={record['total_posts']} "
+            f"reward={record['reward_mean']:.3f} parse_fail={record['parse_failures']}")
 
 
 def format_summary(summary: Dict[str, Any]) -> str:

@@ -1,0 +1,153 @@
+"""Config checks that run before anything is built or compiled, and the resume comparison.
+
+`check(config)` raises one ValueError listing every inconsistent value (named by its
+`--config.` key) before a model is built: a bad value must not surface minutes later inside a
+compiled program, nor be blamed on another key.
+
+`resume_differences(stored, config)` compares the config a workdir was trained with
+(`workdir/config.json`) with the new one. Only the keys in `SAFE_ON_RESUME` may change on
+resume (they change neither shapes nor what the trained numbers mean), and only with
+`--config.train.allow_config_change=True`; every other difference refuses the resume.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Tuple
+
+import ml_collections
+
+from jaxsocial.rl.rewards import NORMALIZE_MODES
+
+# Keys that may differ between a run and its resumption. Everything else (model, agents,
+# society, rollout, reward, rl, code, seed, tokenizer) changes shapes or semantics.
+SAFE_ON_RESUME = (
+    "name",                   # only names the default workdir
+    "train.epochs",           # train longer (or stop earlier)
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.log_samples",
+    "train.export_hf",
+    "mesh.shape",             # restore re-shards onto the new mesh
+    "distributed.",           # prefix: addresses and process ids of the new job
+)
+IGNORED_ON_RESUME = ("train.allow_config_change",)
+
+
+def _flat(tree: Any, prefix: str = "") -> Dict[str, Any]:
+    out = {}
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+    else:
+        out[prefix[:-1]] = tree
+    return out
+
+
+def as_plain(config: ml_collections.ConfigDict) -> Dict[str, Any]:
+    """The config as config.json stores it (tuples become lists)."""
+    return json.loads(config.to_json_best_effort())
+
+
+def _safe(key: str) -> bool:
+    return any(key == s or (s.endswith(".") and key.startswith(s)) for s in SAFE_ON_RESUME)
+
+
+def resume_differences(stored: Dict[str, Any], config: ml_collections.ConfigDict
+                       ) -> Tuple[Dict[str, Tuple[Any, Any]], Dict[str, Tuple[Any, Any]]]:
+    """(safe, unsafe) differences {key: (stored value, new value)}; a missing key is None."""
+    old, new = _flat(stored), _flat(as_plain(config))
+    safe, unsafe = {}, {}
+    for key in sorted(set(old) | set(new)):
+        if key in IGNORED_ON_RESUME or old.get(key) == new.get(key):
+            continue
+        (safe if _safe(key) else unsafe)[key] = (old.get(key), new.get(key))
+    return safe, unsafe
+
+
+def format_differences(diffs: Dict[str, Tuple[Any, Any]], limit: int = 6) -> str:
+    def short(v):
+        s = json.dumps(v)
+        return s if len(s) <= 40 else s[:37] + "..."
+    items = [f"{k} ({short(a)} -> {short(b)})" for k, (a, b) in diffs.items()]
+    if len(items) > limit:
+        items = items[:limit] + [f"{len(items) - limit} more"]
+    return ", ".join(items)
+
+
+def _get(c, dotted, default=None):
+    for part in dotted.split("."):
+        if not hasattr(c, "get") or part not in c:
+            return default
+        c = c[part]
+    return c
+
+
+def check(config: ml_collections.ConfigDict) -> None:
+    """Raise ValueError naming every inconsistent `--config.` value (cheap: nothing is built)."""
+    problems: List[str] = []
+
+    def need(ok: bool, msg: str):
+        if not ok:
+            problems.append(msg)
+
+    def num(key, default=0):
+        v = _get(config, key, default)
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            problems.append(f"{key}={v!r} is not a number")
+            return default
+
+    epochs = num("train.epochs", 1)
+    need(epochs >= 1 and epochs == int(epochs), f"train.epochs={_get(config, 'train.epochs')} "
+         f"must be an integer >= 1")
+    need(num("train.checkpoint_every", 1) >= 1,
+         f"train.checkpoint_every={_get(config, 'train.checkpoint_every')} must be >= 1")
+    need(num("train.keep_checkpoints", 1) >= 1,
+         f"train.keep_checkpoints={_get(config, 'train.keep_checkpoints')} must be >= 1")
+    need(num("train.log_samples", 0) >= 0,
+         f"train.log_samples={_get(config, 'train.log_samples')} must be >= 0")
+    feed, pool = num("society.feed_size", 1), num("society.pool_size", 1)
+    need(feed >= 1, f"society.feed_size={int(feed)} must be >= 1")
+    need(feed <= pool, f"society.feed_size={int(feed)} > society.pool_size={int(pool)}: the "
+         f"feed is chosen from the candidate pool, so feed_size must be <= pool_size")
+    mode = _get(config, "reward.normalize", "none")
+    need(mode in NORMALIZE_MODES, f"reward.normalize={mode!r}; choose one of "
+         f"{', '.join(NORMALIZE_MODES)}")
+    need(num("reward.horizon", 1) >= 1,
+         f"reward.horizon={_get(config, 'reward.horizon')} must be >= 1")
+    algo = _get(config, "rl.algo", "ppo")
+    need(algo in ("ppo", "grpo"), f"rl.algo={algo!r}; choose 'ppo' or 'grpo'")
+    need(not (mode == "running" and algo == "grpo"), "reward.normalize='running' is done by "
+         "the PPO update (rl.algo='ppo'); GRPO already normalises within each group")
+    amode = _get(config, "agents.action_mode", "constrained")
+    need(amode in ("constrained", "free"),
+         f"agents.action_mode={amode!r}; choose 'constrained' or 'free'")
+    agents = num("agents.num_agents", 1)
+    need(agents >= 1, f"agents.num_agents={int(agents)} must be >= 1")
+    active = num("agents.active_per_tick", 0)
+    need(0 <= active <= agents, f"agents.active_per_tick={int(active)} must be in "
+         f"[0, agents.num_agents={int(agents)}] (0 = all)")
+    users = num("society.num_users", agents)
+    need(users >= agents, f"society.num_users={int(users)} < agents.num_agents={int(agents)}")
+    need(num("rollout.ticks_per_epoch", 1) >= 1,
+         f"rollout.ticks_per_epoch={_get(config, 'rollout.ticks_per_epoch')} must be >= 1")
+    need(num("rollout.max_new_tokens", 1) >= 1,
+         f"rollout.max_new_tokens={_get(config, 'rollout.max_new_tokens')} must be >= 1")
+    need(num("rollout.temperature", 1.0) >= 0,
+         f"rollout.temperature={_get(config, 'rollout.temperature')} must be >= 0")
+    need(num("rl.minibatches", 1) >= 1,
+         f"rl.minibatches={_get(config, 'rl.minibatches')} must be >= 1")
+    need(num("rl.ppo_epochs", 1) >= 1,
+         f"rl.ppo_epochs={_get(config, 'rl.ppo_epochs')} must be >= 1")
+    need(num("rl.lr", 0.0) >= 0, f"rl.lr={_get(config, 'rl.lr')} must be >= 0")
+    if not problems and "society" in config:
+        from jaxsocial.social import society  # SocialParams' own checks (no compile)
+        try:
+            society.make_params(**dict(config.society), num_agents=int(agents),
+                                reward_horizon=int(num("reward.horizon", 1)))
+        except (ValueError, TypeError) as e:
+            problems.append(f"society: {e}")
+    if problems:
+        raise ValueError("invalid config: " + "; ".join(problems))

@@ -1,0 +1,269 @@
+"""Trustworthy runs (issue 14, items 1-3): resume refuses a changed config, checkpoints are
+verified with a fallback to the newest good one, and every epoch is logged exactly once."""
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import struct
+
+import jax
+import numpy as np
+import pytest
+
+from jaxsocial.train import checkpointing, config_check, loop, runner
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_config(arg="smoke"):
+    spec = importlib.util.spec_from_file_location("demo_cfg", os.path.join(ROOT, "configs",
+                                                                          "demo.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    c = mod.get_config(arg)
+    c.train.epochs = 4
+    c.train.checkpoint_every = 2
+    c.train.export_hf = False
+    c.train.log_samples = 2
+    return c
+
+
+def epochs_of(path):
+    return [json.loads(line)["epoch"] for line in open(path) if line.strip()]
+
+
+def tb_steps(workdir):
+    """(tag, step) of every scalar in the workdir's TensorBoard event files."""
+    from tensorboardX.proto import event_pb2
+    out = []
+    tb = os.path.join(workdir, "tensorboard")
+    for name in sorted(os.listdir(tb)) if os.path.isdir(tb) else ():
+        data = open(os.path.join(tb, name), "rb").read()
+        i = 0
+        while i < len(data):
+            (n,) = struct.unpack("<Q", data[i:i + 8])
+            ev = event_pb2.Event()
+            ev.ParseFromString(data[i + 12:i + 12 + n])
+            i += 12 + n + 4
+            out += [(v.tag, ev.step) for v in ev.summary.value]
+    return out
+
+
+@pytest.fixture(scope="module")
+def smoke():
+    c = load_config()
+    return c, loop.SocialRL(c)
+
+
+@pytest.fixture(scope="module")
+def full(smoke, tmp_path_factory):
+    """An uninterrupted 4-epoch run (checkpoints 2 and 4)."""
+    config, run = smoke
+    w = tmp_path_factory.mktemp("full")
+    summary = runner.train(config, str(w), run=run)
+    assert summary["epochs"] == 4
+    return w, jax.device_get(_final_params(config, run, w))
+
+
+def _final_params(config, run, w):
+    ck = checkpointing.Checkpointer(str(w))
+    tree, _, step = ck.restore(run.init_state())
+    ck.close()
+    return tree.train.params
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. resume compares configs
+
+
+def test_resume_refuses_a_shape_changing_key_and_keeps_config_json(smoke, full, tmp_path):
+    config, _ = smoke
+    w = _copy(full[0], tmp_path / "w")
+    before = (w / "config.json").read_text()
+    for key, value in (("agents.num_agents", 2), ("model.preset", "small_20m")):
+        c = load_config()
+        c.train.epochs = 10
+        section, name = key.split(".")
+        c[section][name] = value
+        with pytest.raises(ValueError) as e:
+            runner.train(c, str(w))  # refused before any model is built
+        msg = str(e.value)
+        assert "\n" not in msg and key in msg and "new --workdir" in msg, msg
+        assert "train.epochs" not in msg.split("these change")[0], msg  # only unsafe keys named
+        assert (w / "config.json").read_text() == before
+    # Control: the same config resumes (nothing to do, already at epoch 4).
+    assert runner.train(load_config(), str(w), run=smoke[1])["epochs"] == 4
+
+
+def test_safe_change_needs_the_flag_and_is_recorded(smoke, full, tmp_path):
+    _, run = smoke
+    w = _copy(full[0], tmp_path / "w")
+    c = load_config()
+    c.train.epochs = 5
+    with pytest.raises(ValueError, match="allow_config_change=True") as e:
+        runner.train(c, str(w), run=run)
+    assert "train.epochs (4 -> 5)" in str(e.value)
+    assert json.loads((w / "config.json").read_text())["train"]["epochs"] == 4
+    c.train.allow_config_change = True
+    summary = runner.train(c, str(w), run=run)
+    assert summary["epochs"] == 5
+    changes = [json.loads(line) for line in open(w / "config_changes.jsonl")]
+    assert changes == [dict(changes[0], changes={"train.epochs": [4, 5]}, resumed_epoch=4)]
+    assert json.loads((w / "config.json").read_text())["train"]["epochs"] == 5
+    assert epochs_of(w / "metrics.jsonl") == [1, 2, 3, 4, 5]
+
+
+def test_safe_keys_are_an_explicit_short_list():
+    c = load_config()
+    stored = config_check.as_plain(c)
+    c2 = load_config()
+    c2.train.epochs, c2.train.keep_checkpoints = 9, 5
+    c2.reward.like, c2.society.feed_size, c2.seed = 0.5, 2, 7
+    safe, unsafe = config_check.resume_differences(stored, c2)
+    assert set(safe) == {"train.epochs", "train.keep_checkpoints"}
+    assert set(unsafe) == {"reward.like", "society.feed_size", "seed"}
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. verified checkpoints with fallback
+
+
+def _data_file(step_dir):
+    files = [os.path.join(d, f) for d, _, fs in os.walk(step_dir / "state") for f in fs
+             if os.path.basename(d) == "d"]  # OCDBT data files
+    return max(files, key=os.path.getsize)
+
+
+def _bitflip(step_dir):
+    p = _data_file(step_dir)
+    b = bytearray(open(p, "rb").read())
+    for i in range(len(b) // 2, len(b) // 2 + 64):
+        b[i] ^= 0xFF
+    open(p, "wb").write(bytes(b))
+
+
+def _truncate(step_dir):
+    p = _data_file(step_dir)
+    os.truncate(p, os.path.getsize(p) // 2)
+
+
+def _drop_metadata(step_dir):
+    os.remove(step_dir / "state" / "_METADATA")
+
+
+@pytest.mark.parametrize("corrupt", [_bitflip, _truncate, _drop_metadata])
+def test_corrupt_latest_checkpoint_falls_back_and_says_so(smoke, full, tmp_path, corrupt, caplog):
+    config, run = smoke
+    w = _copy(full[0], tmp_path / "w")
+    corrupt(w / "checkpoints" / "4")
+    with caplog.at_level(logging.WARNING):
+        summary = runner.train(config, str(w), run=run)
+    warned = [r.getMessage() for r in caplog.records if "checkpoints/4" in r.getMessage()]
+    assert warned and "falling back" in warned[0], caplog.text[-2000:]
+    assert (w / "checkpoints_corrupt" / "4").is_dir()
+    assert summary["epochs"] == 4
+    assert epochs_of(w / "metrics.jsonl") == [1, 2, 3, 4]
+    # Retrained from checkpoint 2: the same weights as the uninterrupted run (CPU: bit exact).
+    got = jax.device_get(_final_params(config, run, w))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(full[1])):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_no_good_checkpoint_is_an_error_not_a_fresh_start(smoke, full, tmp_path):
+    config, run = smoke
+    w = _copy(full[0], tmp_path / "w")
+    for step in ("2", "4"):
+        _drop_metadata(w / "checkpoints" / step)
+    with pytest.raises(ValueError, match="no good checkpoint") as e:
+        runner.train(config, str(w), run=run)
+    assert "checkpoints/4" in str(e.value) and "checkpoints/2" in str(e.value)
+
+
+def test_checksums_catch_one_flipped_bit():
+    tree = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "k": np.arange(2, dtype=np.uint32),
+            "b": np.array([True, False])}
+    sums = json.loads(json.dumps(checkpointing.tree_checksums(tree)))
+    assert checkpointing.checksum_mismatches(tree, sums) == []  # control
+    bad = dict(tree, w=tree["w"].copy())
+    bad["w"].view(np.uint32)[1, 2] ^= 1 << 7
+    assert checkpointing.checksum_mismatches(bad, sums) == ["['w']"]
+    swapped = dict(tree, w=tree["w"].reshape(-1)[::-1].reshape(3, 4).copy())  # same sum, moved
+    assert checkpointing.checksum_mismatches(swapped, sums) == ["['w']"]
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. exactly-once logs
+
+
+def _expect_once(w, n):
+    assert epochs_of(w / "metrics.jsonl") == list(range(1, n + 1))
+    samples = epochs_of(w / "samples.jsonl")
+    assert sorted(set(samples)) == list(range(1, n + 1)) and len(samples) == 2 * n
+    steps = [s for tag, s in tb_steps(w) if tag == "avg_likes_per_post"]
+    assert steps == list(range(1, n + 1)), steps
+
+
+def test_killed_after_first_metrics_before_first_checkpoint(smoke, tmp_path, monkeypatch):
+    config, run = smoke
+    w = tmp_path / "w"
+    real = run.run_epoch
+    calls = []
+
+    def dies_in_epoch_2(state):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed")
+        return real(state)
+    monkeypatch.setattr(run, "run_epoch", dies_in_epoch_2)
+    with pytest.raises(KeyboardInterrupt):
+        runner.train(config, str(w), run=run)
+    monkeypatch.undo()
+    assert epochs_of(w / "metrics.jsonl") == [1] and not os.listdir(w / "checkpoints")
+    runner.train(config, str(w), run=run)
+    _expect_once(w, 4)
+
+
+def test_killed_during_the_first_save(smoke, tmp_path, monkeypatch):
+    config, run = smoke
+    w = tmp_path / "w"
+
+    def killed(self, step, tree, meta):
+        # What kill -9 leaves: orbax's unfinished temporary directory.
+        os.makedirs(os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp-1", "state"))
+        raise KeyboardInterrupt("killed")
+    monkeypatch.setattr(checkpointing.Checkpointer, "save", killed)
+    with pytest.raises(KeyboardInterrupt):
+        runner.train(config, str(w), run=run)
+    monkeypatch.undo()
+    assert epochs_of(w / "metrics.jsonl") == [1, 2]
+    runner.train(config, str(w), run=run)
+    _expect_once(w, 4)
+
+
+def test_resume_cuts_logs_and_drops_a_torn_line(smoke, full, tmp_path, caplog):
+    config, run = smoke
+    w = _copy(full[0], tmp_path / "w")
+    shutil.rmtree(w / "checkpoints" / "4")   # resume from 2: epochs 3, 4 are redone
+    with open(w / "metrics.jsonl", "a") as f:
+        f.write('{"epoch": 9, "avg')
+    with caplog.at_level(logging.WARNING):
+        runner.train(config, str(w), run=run)
+    assert any("metrics.jsonl" in r.getMessage() and "unreadable line" in r.getMessage()
+               for r in caplog.records), caplog.text[-2000:]
+    _expect_once(w, 4)
+
+
+def test_fresh_start_over_leftovers_starts_the_logs_over(smoke, full, tmp_path):
+    config, run = smoke
+    w = _copy(full[0], tmp_path / "w")
+    shutil.rmtree(w / "checkpoints")
+    c = load_config()
+    c.train.epochs = 2
+    runner.train(c, str(w), run=run)
+    _expect_once(w, 2)
