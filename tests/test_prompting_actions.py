@@ -1,4 +1,5 @@
-"""Prompt assembly in jit vs host chat-template rendering; agent action grammar and parser."""
+"""Agent action grammar and parser; prompt-template input checks. (The jit prompt assembly
+against the tokenizers' own chat-template ids: tests/test_prompting_canonical.py.)"""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,41 +20,6 @@ FOOTER = "Your action:"
 @pytest.fixture(scope="module")
 def tok():
     return tiny_tokenizer()
-
-
-def _posts(tok, texts, length):
-    out = np.full((len(texts), length), PAD_TOKEN, np.int32)
-    for i, t in enumerate(texts):
-        ids = tok.encode(t, add_special_tokens=False)[:length]
-        out[i, :len(ids)] = ids
-    return out
-
-
-def test_assembled_prompt_decodes_to_the_chat_template_text(tok):
-    k, length = 3, 12
-    template = prompting.PromptTemplate.build(tok, PERSONAS, INSTRUCTION, FOOTER, feed_size=k,
-                                              content_len=length, bucket=32)
-    texts = ["hello world", "soup is great today", "new paper on clouds", "x"]
-    post_tokens = _posts(tok, texts, length)
-    feed = np.array([[0, 1, 2], [3, 0, 0]])
-    valid = np.array([[True, True, True], [True, False, True]])
-    agents = np.array([0, 1])
-    ids, mask = jax.jit(prompting.assemble)(
-        template, jnp.asarray(agents), jnp.asarray(post_tokens[feed]), jnp.asarray(valid))
-    ids, mask = np.asarray(ids), np.asarray(mask)
-    assert ids.shape == (2, template.max_len) and template.max_len % 32 == 0
-    for b in range(2):
-        assert not mask[b, :np.argmax(mask[b])].any() and mask[b, np.argmax(mask[b]):].all()
-        shown = [tok.decode(post_tokens[feed[b, j]][post_tokens[feed[b, j]] >= 0])
-                 for j in range(k) if valid[b, j]]
-        # Labels are feed positions: row 1 shows slots 1 and 3.
-        labels = [j for j in range(k) if valid[b, j]]
-        body = "".join(f"[{j + 1}] {t}\n" for j, t in zip(labels, shown))
-        expected = prompting.render_chat(tok, PERSONAS[agents[b]],
-                                         INSTRUCTION + "\n" + body + FOOTER)
-        got = tok.decode(ids[b][mask[b]], skip_special_tokens=False)
-        assert got == expected
-        assert (ids[b][~mask[b]] == tok.pad_token_id).all()
 
 
 def test_template_rejects_untrimmed_persona(tok):

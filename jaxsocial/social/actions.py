@@ -369,6 +369,11 @@ def apply_actions(state: SocialState, actions: ActionBatch, params: SocialParams
     tokens = jnp.where(is_repost[:, None], posts.tokens[eslot], actions.content)
     emb = jnp.where(is_repost[:, None], posts.embedding[eslot], normalize(actions.embedding))
     zero = jnp.zeros((b,), jnp.int32)
+    # Newest comment of each commented post (ids grow in batch order: max = newest); written
+    # before the new posts, so a slot recycled in this batch starts with EMPTY.
+    is_comment = cr & (t == T.CREATE_COMMENT)
+    last_comment = posts.last_comment.at[jnp.where(is_comment, eslot, cap)].max(
+        new_id, mode="drop")
     put = lambda arr, v: arr.at[cslot].set(v, mode="drop")
     new_posts = new_posts.replace(
         id=put(new_posts.id, new_id), kind=put(new_posts.kind, lookup(_NEW_KIND)),
@@ -379,6 +384,7 @@ def apply_actions(state: SocialState, actions: ActionBatch, params: SocialParams
         reposts=put(new_posts.reposts, zero), quotes=put(new_posts.quotes, zero),
         comments=put(new_posts.comments, zero), reports=put(new_posts.reports, zero),
         likes_h=put(new_posts.likes_h, zero),
+        last_comment=put(last_comment, jnp.full((b,), EMPTY, jnp.int32)),
         next_id=posts.next_id + jnp.sum(cr, dtype=jnp.int32))
     overwritten = jnp.zeros((cap,), bool).at[cslot].set(True, mode="drop")
     like_delta = jnp.where(overwritten, 0, like_delta)

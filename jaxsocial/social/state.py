@@ -183,6 +183,8 @@ class Posts:
     comments: jax.Array  # [P] int32
     reports: jax.Array  # [P] int32
     likes_h: jax.Array  # [P] int32 likes received while age < reward_horizon, then frozen
+    last_comment: jax.Array  # [P] int32 global id of the newest comment on the post, or EMPTY
+    #                          (may since have been evicted: check `alive`)
     next_id: jax.Array  # [] int32 id the next created post gets
 
     @property
@@ -240,6 +242,7 @@ def empty_state(params: SocialParams) -> SocialState:
         embedding=jnp.zeros((cap, d), jnp.float32), likes=zeros((cap,)),
         dislikes=zeros((cap,)), reposts=zeros((cap,)), quotes=zeros((cap,)),
         comments=zeros((cap,)), reports=zeros((cap,)), likes_h=zeros((cap,)),
+        last_comment=full((cap,)),
         next_id=jnp.zeros((), i32))
     memory = Memory(
         react_post=full((n, p.reaction_memory)),

@@ -30,6 +30,8 @@ def base_config() -> ml_collections.ConfigDict:
         num_agents=16,
         active_per_tick=0,        # agents acting per tick (a random subset); 0 = all of them
         personas=PERSONAS,        # cycled over agents
+        names=(),                 # feed display names, cycled; () = from "You are <Name>, ..."
+        newest_comment=True,      # feed posts show their newest comment (longer prompts)
         instruction=INSTRUCTION,
         footer=FOOTER,
         action_mode="constrained",  # "constrained" (grammar) | "free" (parse, count failures)

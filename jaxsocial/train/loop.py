@@ -163,7 +163,10 @@ class SocialRL:
         personas = [c.agents.personas[i % len(c.agents.personas)] for i in range(a)]
         self.template = prompting.PromptTemplate.build(
             self.tokenizer, personas, c.agents.instruction, c.agents.footer,
-            self.params.feed_size, self.params.content_len)
+            self.params.feed_size, self.params.content_len,
+            names=[c.agents.names[i % len(c.agents.names)] for i in range(a)]
+            if c.agents.names else None, newest_comment=bool(c.agents.newest_comment),
+            num_users=self.params.num_users)
         self.stop_ids = _stop_ids(self.tokenizer)
         self.vocab = agent_actions.ActionVocab.build(self.tokenizer, c.agents.actions,
                                                      self.params.feed_size, self.stop_ids)
@@ -385,9 +388,9 @@ class SocialRL:
             else:
                 agents = jnp.arange(a, dtype=jnp.int32)
             soc, feed = society.observe(k_feed, soc, agents, self.params)
-            feed_tokens = soc.posts.tokens[feed.slots]
             feed_authors = jnp.where(feed.valid, soc.posts.author[feed.slots], -1)
-            ids, mask = prompting.assemble(self.template, agents, feed_tokens, feed.valid)
+            ids, mask = prompting.assemble(self.template, agents, prompting.feed_view(
+                soc.posts, feed.slots, feed.valid))
             out = generate_from_state(graphdef, weights, ids, mask, k_gen,
                                                    self.sampling, grammar)
             parsed = agent_actions.parse(self.vocab, out.tokens, out.mask,
