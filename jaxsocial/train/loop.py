@@ -558,6 +558,18 @@ class SocialRL:
             "ppo": {k: float(v) for k, v in upd.items()},
         }
         m.update(self._topic_metrics(np.asarray(ro.embedding)[is_post]))
+        # Text drift of the epoch's posts (decoded on the host, action prefix "post:" /
+        # "quote <n>:" cut) and the 3 most-liked posts (ties: earliest first) for summary.md.
+        from jaxsocial.train import report
+        toks, tmask = np.asarray(ro.tokens), np.asarray(ro.mask)
+        where = np.argwhere(is_post)  # (tick, row) in tick order
+        texts = [self.tokenizer.decode(toks[t, b][tmask[t, b]], skip_special_tokens=True)
+                 .split(":", 1)[-1].strip() for t, b in where]
+        authors = [int(np.asarray(ro.agent)[t, b]) for t, b in where]
+        m["drift"] = report.text_drift(texts, authors)
+        top = sorted(range(len(texts)), key=lambda i: (-float(likes[i]), i))[:3]
+        m["posts"] = [{"text": texts[i], "likes": int(likes[i]), "agent": authors[i]}
+                      for i in top]
         return m
 
     def _topic_metrics(self, emb: np.ndarray) -> Dict[str, Any]:
