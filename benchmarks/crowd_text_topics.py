@@ -36,6 +36,7 @@ def main():
     ap.add_argument("--dims", type=int, nargs="*", default=[16, 64, 0], help="0 = no projection")
     ap.add_argument("--users", type=int, default=4000)
     ap.add_argument("--noise", type=float, default=0.3)
+    ap.add_argument("--examples", type=int, default=6, help="crowd choices to print (first d)")
     args = ap.parse_args()
     if args.model == "smol":
         from jaxsocial.models import zoo
@@ -89,6 +90,13 @@ def main():
             agree = float((post_topic[choice] == desc_topic[u]).mean())
             row += f" agree_T{temp}={agree:.3f} distinct_T{temp}={len(np.unique(choice))}"
         print(row + f" chance={1 / nt:.3f}")
+        if not last:  # a few choices at T = 0.05: the user's topic -> the post it drew
+            for i in range(args.examples):
+                u = int(rng.integers(0, nd))
+                z = unit(e_desc[u] + args.noise * rng.standard_normal(dd) / np.sqrt(dd))
+                j = int(np.argmax(e_post @ z / 0.05 + rng.gumbel(size=len(post_topic))))
+                print(f"  {corpus.topics[desc_topic[u]]:>10} -> [{corpus.topics[post_topic[j]]}]"
+                      f" {corpus.posts[j]}")
         last = last or row
     print(last)
 

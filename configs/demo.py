@@ -20,8 +20,10 @@ def get_config(arg=None):
     c.model.checkpoint = ""          # empty: random init of the preset (seeded)
     c.tokenizer = ""                 # empty: the in-repo tiny tokenizer
     c.agents.num_agents = 16
-    # Crowd taste is the signal: one interest cluster, likes driven by post-interest similarity
-    # (no popularity feedback, so one lucky post does not dominate an epoch's average).
+    # Crowd taste is the signal: one topic (its interest descriptions, embedded by the frozen
+    # encoder), likes driven by post-interest similarity (no popularity feedback, so one lucky
+    # post does not dominate an epoch's average).
+    c.crowd_text.topics = ("cooking",)
     c.society.update(num_users=2048, num_personas=1, embed_dim=16, post_capacity=2048,
                      content_len=12, num_seed_posts=256, feed_size=4, pool_size=256,
                      w_pop=0.0, recency_tau=6.0, explore_frac=0.1,

@@ -75,8 +75,10 @@ def base_config() -> ml_collections.ConfigDict:
     # The society's text (jaxsocial.social.text_bank), embedded once by the frozen encoder:
     # crowd posts / comments / interest descriptions from `path` ("" = the packaged
     # assets/crowd_posts.json, 14 topics); `topics` restricts the crowd's interests to these
-    # topic names (() = all); crowd text is drawn by Gumbel-max over cos / `temperature`.
-    c.crowd_text = ml_collections.ConfigDict(dict(path="", topics=(), temperature=0.05))
+    # topic names (() = all); crowd text is drawn by Gumbel-max over cos / `temperature`;
+    # `cache`: with a checkpoint, the encoder's pooled states of the texts are cached on disk.
+    c.crowd_text = ml_collections.ConfigDict(dict(path="", topics=(), temperature=0.05,
+                                                  cache=True))
     c.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1)))
     # Multi-host: jax.distributed.initialize(); empty/-1 values are auto-detected by JAX on
     # TPU pods, SLURM and Open MPI. One process per host, all running the same command.

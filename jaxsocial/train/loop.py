@@ -18,6 +18,7 @@ the initial policy.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -230,9 +231,18 @@ class SocialRL:
         # centre is their mean over the post bank: subtracting it keeps embeddings spread over
         # directions (raw pooled states of an LLM share a large common component, which would
         # make every post look alike to the crowd).
+        # With a checkpoint they are cached on disk (crowd_text.cache; key: the checkpoint's
+        # files, dtype, tokens) so later runs of the same model skip the pass.
         pooled_jit = jax.jit(self._pooled)
-        pooled = lambda rows: text_bank.embed_rows(  # noqa: E731
-            lambda x: pooled_jit(self._init_ref, x), rows)
+        cache_key = cache_dir = None
+        if c.model.checkpoint and t.get("cache", True):
+            from jaxsocial.models import zoo
+            cache_key = repr(("pooled-v1", text_bank.files_key(c.model.checkpoint),
+                              c.model.dtype, c.model.param_dtype))
+            cache_dir = os.path.join(zoo.cache_dir(), "text_bank")
+        pooled = lambda rows: text_bank.cached_rows(  # noqa: E731
+            lambda r: text_bank.embed_rows(lambda x: pooled_jit(self._init_ref, x), r),
+            rows, cache_key, cache_dir)
         com_tok = text_bank.tokenize(tok, corpus.comments, L)
         long_tok = text_bank.tokenize(tok, list(corpus.interests) + list(personas))
         short = pooled(np.concatenate([post_tok, com_tok]))
