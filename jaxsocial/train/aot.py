@@ -305,15 +305,16 @@ def run_estimate(run: loop.SocialRL) -> memory.MemoryEstimate:
     """`memory.estimate` for the run's model, mesh and shapes (what `SocialRL` checks)."""
     c = run.config
     rows = int(c.rollout.ticks_per_epoch) * run.active
+    minibatch = rows // max(1, int(c.rl.minibatches))
     if hasattr(run.rl_config, "accumulation"):
         micro = run.rl_config.accumulation(rows)[1]
     else:
-        micro = rows // max(1, int(c.rl.minibatches))
+        micro = minibatch
     return memory.estimate(
         run.model_config, tuple(run.mesh.shape.values()), batch=run.active,
         prompt_len=run.template.max_len, response_len=run.sampling.max_new_tokens,
         train_micro_batch=micro, lora_rank=int(c.rl.lora_rank), remat=run.model_config.remat,
-        trajectories=rows)
+        trajectories=rows, minibatch_rows=minibatch)
 
 
 def format_report(progs: List[ProgramMemory], est: Optional[memory.MemoryEstimate] = None,

@@ -107,7 +107,8 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
              remat: bool = False, trajectories: Optional[int] = None,
              optimizer_dtype: Optional[str] = None, donate: bool = False,
              logits_chunk_bytes: int = 64 * 2 ** 20, rollout_sharded: bool = False,
-             score_sharded: bool = False) -> MemoryEstimate:
+             score_sharded: bool = False, update_sharded: bool = False,
+             minibatch_rows: Optional[int] = None) -> MemoryEstimate:
     """Per-device bytes of the epoch's three programs (rollout, scoring, PPO update).
 
     batch: prompts generated at once (global, the acting agents); trajectories: rows scored
@@ -119,6 +120,9 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     rollout_sharded / score_sharded: whether the rollout's prompts / the scored trajectories
     are split along the data axes (as the loop does it; False: each device holds all rows).
     logits_chunk_bytes: the largest [rows, chunk, V] float32 logits block (`policy.token_stats`).
+    update_sharded: whether the update's rows stay split along the data axes (False: as
+    measured, each device computes the whole micro-batch); minibatch_rows: rows per optimizer
+    step (global, default train_micro_batch).
 
     Model (checked against XLA's memory_analysis of the compiled programs by
     tests/test_aot_memory.py): run state = policy + reference + optimizer; the rollout adds
@@ -161,32 +165,46 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     seq = prompt_len + response_len
     rows = int(trajectories or batch)
 
-    # Rollout: KV cache + one prefill layer's temporaries (+ LoRA's merged weights).
+    # Rollout: KV cache + the prefill's attention scores, float32 [b, heads, Lp, S] twice
+    # (scores and probabilities) per layer: XLA's schedule of the unrolled layers keeps every
+    # layer's (measured by benchmarks/aot_memory.py) (+ LoRA's merged weights).
     b_r = math.ceil(batch / data) if rollout_sharded else batch
     kv_cache = 2 * L * b_r * seq * kv_l * hd * cbytes
-    prefill = b_r * prompt_len * (2 * heads_l * prompt_len * 4 + prompt_len * 4
-                                  + 3 * i_l * cbytes + 4 * h * cbytes)
+    prefill = L * 2 * b_r * heads_l * prompt_len * seq * 4
     traj_row = prompt_len * 5 + response_len * 9  # ids + mask, tokens + logprobs + mask
     rollout_out = rows * traj_row
     rollout = state + kv_cache + merged + prefill + rollout_out
 
-    # Scoring: policy and reference forwards over all trajectories, one layer at a time.
+    # Scoring: policy and reference forwards over all trajectories at once: one layer's
+    # attention temporaries (4 float32 [rows, heads, S, S]) + every layer's hidden states of
+    # both models (split along embed by fsdp).
     b_s = math.ceil(rows / data) if score_sharded else rows
-    layer_tmp = b_s * seq * (2 * heads_l * seq * 4 + seq * 4 + 3 * i_l * cbytes
-                             + 4 * h * cbytes)
+    f = mesh["fsdp"] if h % mesh["fsdp"] == 0 else 1
+    layer_tmp = 4 * b_s * heads_l * seq * seq * 4 + L * 2 * b_s * seq * h * cbytes // f
     logits_blk = min(logits_chunk_bytes, b_s * response_len * cfg.vocab_size * 4)
     batch_bytes = rows * (seq * 5 + response_len * 16)
     score = state + merged + rollout_out + batch_bytes + layer_tmp + 2 * logits_blk
 
     # Update: the new state (unless donated), gradients (accumulator + one micro-batch's),
-    # the micro-batch's activations and logits block.
-    mb = math.ceil(int(train_micro_batch or rows) / data)
-    if remat:
-        saved = L * seq * mb * h * cbytes
-        one_layer = (34 * seq * mb * h // t + 5 * heads_l * seq * seq * mb) * cbytes // 2
-        act = saved + one_layer
+    # the activations and the logits block. Measured (benchmarks/aot_memory.py, 8B shapes on
+    # (1, 8, 1)): with remat, each layer keeps ~1.16 float32 attention-score tensors of the
+    # micro-batch plus the layer inputs of the minibatch, and the backward's working set is
+    # ~2.7 score tensors -- with the *global* row counts: the minibatch shuffle (a gather of
+    # the data-sharded batch) leaves every device with all rows.
+    mb = int(train_micro_batch or rows)
+    minibatch = int(minibatch_rows or mb)
+    if not update_sharded:
+        mb_d, minibatch_d = mb, minibatch
     else:
-        act = L * (34 * seq * mb * h // t + 5 * heads_l * seq * seq * mb) * cbytes // 2
+        mb_d, minibatch_d = math.ceil(mb / data), math.ceil(minibatch / data)
+    scores_t = heads_l * seq * seq * 4  # one float32 attention-score row [heads, S, S]
+    if remat:
+        act = (L * (1.16 * mb_d * scores_t + minibatch_d * seq * h * cbytes)
+               + 2.7 * mb_d * scores_t)
+    else:
+        act = L * (34 * seq * mb_d * h // t + 5 * heads_l * seq * seq * mb_d) * cbytes // 2
+    act = int(act)
+    mb = mb_d
     logits = 3 * min(logits_chunk_bytes, mb * response_len * cfg.vocab_size * 4)
     activations = act + logits
     new_state = 0 if donate else (trainable + opt)
