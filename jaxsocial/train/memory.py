@@ -1,10 +1,12 @@
-"""Bytes per device before a run starts: parameters, gradients, optimizer, reference, KV cache,
-activations — for a Llama config, a (data, fsdp, tensor) mesh and the rollout/update shapes.
+"""Bytes per device before a run starts, per compiled program of the epoch (rollout, scoring,
+PPO update): parameters, reference, optimizer, gradients, KV cache, activations -- for a Llama
+config, a (data, fsdp, tensor) mesh and the rollout/update shapes.
 
 Sharding follows `jaxsocial.train.sharding.LOGICAL_AXIS_RULES` (fsdp shards the embed axis,
-tensor shards heads/mlp/vocab, data x fsdp shard the batch). Activation memory uses the
-per-layer count of Korthikanti et al. (2022), 34*T*B*H + 5*heads*T^2*B bytes at 16-bit,
-scaled to the compute dtype; with rematerialisation only the layer inputs are kept.
+tensor shards heads/mlp/vocab). The activation terms are calibrated on XLA's own
+`memory_analysis()` of the compiled programs at Llama-3-8B shapes (`benchmarks/aot_memory.py`,
+table in docs/scaling.md; agreement within 7% at 32 layers) and checked on small shapes by
+tests/test_aot_memory.py; without remat the per-layer count of Korthikanti et al. (2022) is used.
 """
 
 from __future__ import annotations
