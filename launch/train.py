@@ -38,6 +38,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 sys.path.insert(0, os.path.dirname(_HERE))
 
+import ast  # noqa: E402
 import json  # noqa: E402
 import logging as py_logging  # noqa: E402
 
@@ -65,7 +66,13 @@ def parse_flags(argv):
     try:
         return flags.FLAGS(argv)
     except Exception as e:  # noqa: BLE001 -- flag and config-file errors of any kind
-        msg = _one_line(e)
+        text = str(e.args[0] if isinstance(e, KeyError) and e.args else e)
+        while len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
+            try:  # ml_collections' KeyError text arrives quoted (repr) twice over
+                text = str(ast.literal_eval(text))
+            except (ValueError, SyntaxError):
+                break
+        msg = _one_line(text)
         if isinstance(e, (KeyError, AttributeError)) and "--config." in " ".join(argv):
             msg += " (not a key of this config: see the config file or base_config)"
         sys.stderr.write(f"error: {msg}\n")

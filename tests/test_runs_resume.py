@@ -164,8 +164,9 @@ def test_corrupt_latest_checkpoint_falls_back_and_says_so(smoke, full, tmp_path,
     corrupt(w / "checkpoints" / "4")
     with caplog.at_level(logging.WARNING):
         summary = runner.train(config, str(w), run=run)
-    warned = [r.getMessage() for r in caplog.records if "checkpoints/4" in r.getMessage()]
-    assert warned and "falling back" in warned[0], caplog.text[-2000:]
+    warned = [r.getMessage() for r in caplog.records
+              if "checkpoints/4 is" in r.getMessage() and "falling back" in r.getMessage()]
+    assert len(warned) == 1, caplog.text[-2000:]
     assert (w / "checkpoints_corrupt" / "4").is_dir()
     assert summary["epochs"] == 4
     assert epochs_of(w / "metrics.jsonl") == [1, 2, 3, 4]

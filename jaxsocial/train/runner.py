@@ -51,9 +51,9 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, A
     safe, unsafe = config_check.resume_differences(stored, config)
     if unsafe:
         raise ValueError(
-            f"cannot resume {workdir}: its checkpoints were trained with a different "
-            f"{', '.join(unsafe)} ({config_check.format_differences(unsafe)}); these change "
-            f"shapes or semantics: use a new --workdir (or --noresume to start over there)")
+            f"cannot resume {workdir}: it was trained with a different "
+            f"{config_check.format_differences(unsafe)}; these change shapes or semantics: "
+            f"use a new --workdir (or --noresume to start over there)")
     if safe and not config.train.get("allow_config_change", False):
         raise ValueError(
             f"resuming {workdir} with changed {config_check.format_differences(safe)}: pass "
