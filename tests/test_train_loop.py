@@ -10,12 +10,16 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
-from jaxsocial.train import loop, runner, sharding
+from jaxsocial.train import checkpointing, loop, runner, sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = ("tokens_per_s", "ticks_per_s", "rollout_s", "wall_s")
+# Across device layouts the reductions run in another order: states agree to this
+# (relative to each leaf's largest value), not bit-exactly.
+DEVICE_TOL = dict(rtol=1e-4, atol=1e-4)
 
 
 def load_config(name, arg=None):
@@ -33,6 +37,66 @@ def _records(path):
             r.pop(k)
         out.append(r)
     return out
+
+
+def adam_moments(opt_state):
+    """(mu, nu): the Adam first and second moments inside an optax state."""
+    found = [x for x in jax.tree.leaves(opt_state,
+                                        is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+             if isinstance(x, optax.ScaleByAdamState)]
+    assert len(found) == 1, opt_state
+    return found[0].mu, found[0].nu
+
+
+def trained_parts(train):
+    """What one update changes: {"params", "mu", "nu"} of a TrainState, on the host."""
+    mu, nu = adam_moments(train.opt_state)
+    return sharding.to_host({"params": train.params, "mu": mu, "nu": nu})
+
+
+def mismatches(a, b, rtol=0.0, atol=0.0):
+    """Leaves of two `trained_parts` that differ: |x - y| > atol * max|leaf| + rtol * |y| (the
+    absolute part scales with each leaf's magnitude, so one tolerance fits weights and Adam's
+    tiny second moments). [] means equal."""
+    pa, la = zip(*jax.tree_util.tree_flatten_with_path(a)[0])
+    pb, lb = zip(*jax.tree_util.tree_flatten_with_path(b)[0])
+    assert pa == pb, "different structures"
+    bad = []
+    for path, x, y in zip(pa, la, lb):
+        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        scale = max(np.abs(x).max(initial=0.0), np.abs(y).max(initial=0.0))
+        if x.shape != y.shape or not np.all(np.abs(x - y) <= atol * scale + rtol * np.abs(y)):
+            bad.append(jax.tree_util.keystr(path))
+    return bad
+
+
+def assert_trained(before, after, grad_norm):
+    """The update did something: a positive gradient norm, and the parameters and both Adam
+    moments moved away from the initial state in most leaves."""
+    assert grad_norm > 0, grad_norm
+    for part in ("params", "mu", "nu"):
+        moved = mismatches(before[part], after[part])
+        assert len(moved) >= 0.9 * len(jax.tree.leaves(after[part])), (part, moved)
+
+
+def perturbed(parts, part="params", delta=1e-3):
+    """`parts` with one element of one leaf of `part` moved by `delta` times the leaf's scale
+    (a negative control for the comparisons)."""
+    leaves, tree = jax.tree.flatten(parts[part])
+    x = np.array(leaves[0], np.float64)
+    x.flat[0] += delta * max(np.abs(x).max(), 1e-30)
+    leaves[0] = x.astype(np.asarray(leaves[0]).dtype)
+    return dict(parts, **{part: jax.tree.unflatten(tree, leaves)})
+
+
+def _restore(run, workdir, step):
+    """The RunState of `workdir`'s checkpoint `step`, placed on `run`'s mesh."""
+    ckpt = checkpointing.Checkpointer(str(workdir))
+    try:
+        state, _, _ = ckpt.restore(run.init_state(), step)
+    finally:
+        ckpt.close()
+    return run.place(state)
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +126,9 @@ def test_demo_smoke_runs_end_to_end_and_resumes_exactly(smoke, smoke_full, tmp_p
     # Constrained decoding: every answer parses; log-probs re-scored exactly.
     assert all(r["parse_failures"] == 0 for r in recs)
     assert all(r["logprob_gap"] < 1e-4 for r in recs)
+    # A learning signal: the agents post, the crowd likes some posts, the update moves.
+    assert all(r["total_posts"] > 0 and r["reward_mean"] > 0 for r in recs)
+    assert recs[0]["avg_likes_per_post"] > 0 and recs[0]["ppo"]["grad_norm"] > 0
     assert sum(recs[0]["action_mix"].values()) == config.agents.num_agents * \
         config.rollout.ticks_per_epoch
     assert os.path.exists(full_dir / "export" / "model.safetensors")
@@ -73,6 +140,23 @@ def test_demo_smoke_runs_end_to_end_and_resumes_exactly(smoke, smoke_full, tmp_p
     resumed = runner.train(config, str(tmp_path / "part"), run=run)
     assert resumed["epochs"] == 2
     assert _records(tmp_path / "part" / "metrics.jsonl") == recs
+    # ... and the same final state: parameters and Adam moments bit-exact, after two updates
+    # that really trained (a resume that lost the optimizer state would log the same metrics).
+    init = trained_parts(run.init_state().train)
+    want = trained_parts(_restore(run, full_dir, 2).train)
+    assert recs[0]["ppo"]["grad_norm"] > 0
+    assert_trained(init, want, recs[1]["ppo"]["grad_norm"])
+    assert mismatches(want, trained_parts(_restore(run, tmp_path / "part", 2).train)) == []
+    # Negative controls: the same comparison rejects a resume that drops the optimizer state,
+    # one from a different epoch, and a single perturbed weight or moment.
+    ep1 = _restore(run, tmp_path / "part", 1)
+    fresh_opt = run.init_state().train.opt_state
+    dropped, _, _ = run.run_epoch(ep1.replace(train=ep1.train.replace(opt_state=fresh_opt)))
+    bad = mismatches(want, trained_parts(dropped.train))
+    assert any(b.startswith("['mu']") for b in bad) and any(b.startswith("['nu']") for b in bad)
+    assert mismatches(want, trained_parts(_restore(run, full_dir, 1).train))
+    for part in ("params", "mu", "nu"):
+        assert len(mismatches(want, perturbed(want, part))) == 1, part
 
 
 def test_general_smoke_free_mode_counts_unparsable(tmp_path):
@@ -100,17 +184,25 @@ def test_same_epoch_on_one_and_eight_devices(smoke):
     results = []
     for run in (run1, run8):
         state = run.init_state()
+        before = trained_parts(state.train)
         state, metrics, _ = run.run_epoch(state)
-        results.append((metrics, jax.device_get(state.train.params)))
-    (m1, p1), (m8, p8) = results
+        results.append((metrics, before, trained_parts(state.train)))
+    (m1, init1, t1), (m8, init8, t8) = results
     for k in ("avg_likes_per_post", "total_posts", "parse_failures", "zero_like_share"):
         assert m1[k] == m8[k], k
     assert m1["action_mix"] == m8["action_mix"]
     np.testing.assert_allclose(m1["reward_mean"], m8["reward_mean"], rtol=1e-5)
-    flat1, flat8 = jax.tree.leaves(p1), jax.tree.leaves(p8)
-    assert len(flat1) == len(flat8)
-    for a, b in zip(flat1, flat8):
-        np.testing.assert_allclose(a, b, atol=2e-5)
+    np.testing.assert_allclose(m1["ppo"]["grad_norm"], m8["ppo"]["grad_norm"], rtol=1e-4)
+    # Same start, a real update on both, and the same parameters and Adam moments after it.
+    assert mismatches(init1, init8) == []
+    assert_trained(init1, t1, m1["ppo"]["grad_norm"])
+    assert_trained(init8, t8, m8["ppo"]["grad_norm"])
+    assert mismatches(t1, t8, **DEVICE_TOL) == []
+    # Negative controls: one weight or moment off by 0.1% of its leaf's scale, or the
+    # untrained state, is rejected by the same comparison.
+    for part in ("params", "mu", "nu"):
+        assert mismatches(t1, perturbed(t8, part), **DEVICE_TOL), part
+    assert mismatches(t1, init8, **DEVICE_TOL)
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
@@ -139,9 +231,10 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
     assert str(n_epochs) in steps
 
 
-def test_two_processes_agree_with_one(smoke_full, tmp_path):
+def test_two_processes_agree_with_one(smoke, smoke_full, tmp_path):
     """jax.distributed over localhost: 2 processes x 4 fake CPU devices, (2, 2, 2) mesh."""
-    _, _, recs = smoke_full
+    _, run = smoke
+    _, full_dir, recs = smoke_full
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -174,23 +267,34 @@ def test_two_processes_agree_with_one(smoke_full, tmp_path):
     np.testing.assert_allclose(got[0]["reward_mean"], recs[0]["reward_mean"], rtol=1e-5)
     np.testing.assert_allclose(got[0]["ppo"]["loss"], recs[0]["ppo"]["loss"], rtol=1e-4,
                                atol=1e-6)
+    np.testing.assert_allclose(got[0]["ppo"]["grad_norm"], recs[0]["ppo"]["grad_norm"],
+                               rtol=1e-4)
     assert "1" in os.listdir(tmp_path / "mh" / "checkpoints")
+    # The state the two processes saved: a real update, equal to the one-process run's.
+    init = trained_parts(run.init_state().train)
+    mh = trained_parts(_restore(run, tmp_path / "mh", 1).train)
+    one = trained_parts(_restore(run, full_dir, 1).train)
+    assert_trained(init, mh, got[0]["ppo"]["grad_norm"])
+    assert mismatches(one, mh, **DEVICE_TOL) == []
+    # Negative controls: another epoch's state, or one perturbed weight / moment, is rejected.
+    assert mismatches(trained_parts(_restore(run, full_dir, 2).train), mh, **DEVICE_TOL)
+    for part in ("params", "mu", "nu"):
+        assert mismatches(one, perturbed(mh, part), **DEVICE_TOL), part
 
 
 def test_lora_epoch_trains_adapters_only():
     c = load_config("demo", "smoke")
     c.rl.lora_rank = 4
     c.mesh.shape = (1, 1, 1)
-    # A score that differs between answers (the smoke society is too small for likes), so the
-    # advantages, and hence the adapter gradients, are non-zero.
-    c.reward.non_post_baseline = False
-    c.reward.non_post = 1.0
     run = loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
     state = run.init_state()
     ref_before = jax.device_get(state.train.ref_params)
     adapters_before = jax.device_get(state.train.params["policy"])
     state, metrics, _ = run.run_epoch(state)
     assert metrics["parse_failures"] == 0 and metrics["logprob_gap"] < 1e-4
+    # The smoke epoch's posts earn likes: non-zero advantages, so the adapters get gradients.
+    assert metrics["total_posts"] > 0 and metrics["reward_mean"] > 0
+    assert metrics["ppo"]["grad_norm"] > 0
     # The base (= reference) is frozen; only adapters (and the value head) move.
     for a, b in zip(jax.tree.leaves(ref_before), jax.tree.leaves(state.train.ref_params)):
         np.testing.assert_array_equal(a, b)
@@ -208,14 +312,16 @@ def test_a_random_subset_of_agents_acts_each_tick():
     soc, ro = run._rollout(state.train.params, state.train.ref_params, state.society, key)
     agents = np.asarray(ro.agent)
     assert agents.shape == (c.rollout.ticks_per_epoch, 2) and ro.tokens.shape[1] == 2
-    assert all(len(set(row)) == 2 and set(row) <= set(range(4)) for row in agents)
+    assert all(len(set(row)) == 2 and set(row) <= set(range(c.agents.num_agents))
+               for row in agents)
     # Each created post is authored by the agent whose trajectory created it.
     created = np.asarray(ro.created_id)
     alive = np.asarray(soc.posts.alive(jnp.asarray(created)))
     authors = np.asarray(soc.posts.author)[np.maximum(created, 0) % soc.posts.capacity]
     assert ((authors == agents) | ~alive).all()
-    with pytest.raises(ValueError, match="active_per_tick=5"):
-        c.agents.active_per_tick = 5
+    too_many = c.agents.num_agents + 1
+    with pytest.raises(ValueError, match=f"active_per_tick={too_many}"):
+        c.agents.active_per_tick = too_many
         loop.SocialRL(c)
 
 
