@@ -30,6 +30,8 @@ def base_config() -> ml_collections.ConfigDict:
         num_agents=16,
         active_per_tick=0,        # agents acting per tick (a random subset); 0 = all of them
         personas=PERSONAS,        # cycled over agents
+        names=(),                 # feed display names, cycled; () = from "You are <Name>, ..."
+        newest_comment=True,      # feed posts show their newest comment (longer prompts)
         instruction=INSTRUCTION,
         footer=FOOTER,
         action_mode="constrained",  # "constrained" (grammar) | "free" (parse, count failures)
@@ -65,15 +67,18 @@ def base_config() -> ml_collections.ConfigDict:
     c.rl.group_size = 0      # GRPO: 0 = the agents acting in one tick form a group
     rl_common.add_aliases(c.rl)  # rl.lr, rl.minibatches, rl.entropy_coef: old names, same values
     c.train = ml_collections.ConfigDict(dict(
-        epochs=4, checkpoint_every=1, keep_checkpoints=3, log_samples=4, export_hf=True))
+        epochs=4, checkpoint_every=1, keep_checkpoints=3, log_samples=4, export_hf=True,
+        allow_config_change=False))  # True: resume accepts changed train.* keys (config_check)
     # Verifiable bonus for answers to programming problems (configs/code.py).
     c.code = ml_collections.ConfigDict(dict(enabled=False, bonus=1.0, timeout_s=5.0,
                                             memory_mb=256))
     # The society's text (jaxsocial.social.text_bank), embedded once by the frozen encoder:
     # crowd posts / comments / interest descriptions from `path` ("" = the packaged
     # assets/crowd_posts.json, 14 topics); `topics` restricts the crowd's interests to these
-    # topic names (() = all); crowd text is drawn by Gumbel-max over cos / `temperature`.
-    c.crowd_text = ml_collections.ConfigDict(dict(path="", topics=(), temperature=0.05))
+    # topic names (() = all); crowd text is drawn by Gumbel-max over cos / `temperature`;
+    # `cache`: with a checkpoint, the encoder's pooled states of the texts are cached on disk.
+    c.crowd_text = ml_collections.ConfigDict(dict(path="", topics=(), temperature=0.05,
+                                                  cache=True))
     c.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1)))
     # Multi-host: jax.distributed.initialize(); empty/-1 values are auto-detected by JAX on
     # TPU pods, SLURM and Open MPI. One process per host, all running the same command.
