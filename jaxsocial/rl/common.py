@@ -137,3 +137,72 @@ def config_fields(cls=OptimConfig, names=None) -> dict:
             value = config_dict.placeholder(float)
         out[f.name] = value
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The run config's `rl` block (jaxsocial/train/defaults.py, loop._rl_config)
+
+# Old `c.rl` names kept as aliases (ml_collections FieldReferences to the same value).
+ALIASES = {"lr": "learning_rate", "minibatches": "num_minibatches", "entropy_coef": "ent_coef"}
+# Set by the loop from elsewhere in the config, never from `c.rl`.
+LOOP_SET = {"stop_token_ids": "the tokenizer's stop tokens", "temperature": "rollout.temperature",
+            "top_k": "rollout.top_k", "top_p": "rollout.top_p",
+            "reward_norm": "reward.normalize"}
+
+
+def _algo_classes():
+    from jaxsocial.rl import grpo, ppo
+    return {"ppo": ppo.PPOConfig, "grpo": grpo.GRPOConfig}
+
+
+def run_config_fields() -> dict:
+    """{name: default} of every PPOConfig / GRPOConfig field a run config sets under its own
+    name: the shared OptimConfig fields (PPO's defaults), then PPO's and GRPO's own."""
+    classes = _algo_classes()
+    out = config_fields(classes["ppo"], [n for n in base_field_names() if n not in LOOP_SET])
+    for cls in classes.values():
+        out.update(config_fields(cls, [n for n in specific_field_names(cls)
+                                       if n not in LOOP_SET]))
+    return out
+
+
+def add_aliases(rl) -> None:
+    """Make `rl.lr`, `rl.minibatches`, `rl.entropy_coef` references to their fields (an
+    ml_collections ConfigDict: setting either name sets both)."""
+    for alias, name in ALIASES.items():
+        rl[alias] = rl.get_ref(name)
+
+
+def from_run_config(rl, *, loop_keys=(), **fixed):
+    """Build the PPOConfig / GRPOConfig of `rl["algo"]` from a run config's `rl` block.
+
+    rl: mapping with "algo" and any fields of `run_config_fields()` (or their ALIASES);
+    loop_keys: other keys the caller reads itself (value_mode, lora_rank, ...); fixed: values
+    the caller sets from elsewhere (stop_token_ids, temperature, ...; ignored when the class
+    lacks the field). Raises one ValueError naming every unknown key, or an alias that
+    disagrees with its field; the dataclass checks the values.
+    """
+    rl = dict(rl)
+    classes = _algo_classes()
+    algo = rl.get("algo", "ppo")
+    if algo not in classes:
+        raise ValueError(f"rl.algo={algo!r}; choose one of {sorted(classes)}")
+    fields = run_config_fields()
+    known = set(fields) | set(ALIASES) | set(loop_keys) | {"algo"}
+    unknown = sorted(set(rl) - known)
+    if unknown:
+        hints = [f"rl.{k} (set by {LOOP_SET[k]})" if k in LOOP_SET else f"rl.{k}"
+                 for k in unknown]
+        raise ValueError(f"unknown config key(s) {', '.join(hints)}; the rl block takes the "
+                         f"fields of PPOConfig / GRPOConfig under their own names (docs/rl.md)")
+    for alias, name in ALIASES.items():
+        if alias in rl and name in rl and rl[alias] != rl[name]:
+            raise ValueError(f"rl.{alias}={rl[alias]!r} disagrees with rl.{name}={rl[name]!r} "
+                             f"(rl.{alias} is an alias of rl.{name}: set one)")
+        if alias in rl and name not in rl:
+            rl[name] = rl[alias]
+    cls = classes[algo]
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: v for k, v in rl.items() if k in names}
+    kwargs.update({k: v for k, v in fixed.items() if k in names})
+    return cls(**kwargs)

@@ -116,7 +116,8 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, cfg: GRPOC
     return loss, stats
 
 
-def make_update(cfg: GRPOConfig, pdef, donate: bool = False) -> ppo.CompiledUpdate:
+def make_update(cfg: GRPOConfig, pdef, donate: bool = False,
+                grammar=None) -> ppo.CompiledUpdate:
     """The jitted GRPO update(state, batch, grammar=None) -> (state, metrics); batch rows in
     groups of cfg.group_size; grammar: the rollout's when batch.fsm_states is set. Metrics: loss, policy_loss, kl_loss, entropy, approx_kl, clip_frac,
     kl_ref, score_mean, score_std_in_group, adv_abs_mean, grad_norm, learning_rate,
@@ -163,4 +164,4 @@ def make_update(cfg: GRPOConfig, pdef, donate: bool = False) -> ppo.CompiledUpda
         )
         return new_state.replace(rng=rng), metrics
 
-    return ppo.CompiledUpdate(update, donate=donate)
+    return ppo.CompiledUpdate(update, donate=donate, grammar=grammar)

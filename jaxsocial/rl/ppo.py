@@ -382,10 +382,13 @@ def run_epochs(loss_fn: Callable, tx: optax.GradientTransformation, schedule: op
 
 
 class CompiledUpdate:
-    """A jitted `update(state, batch) -> (state, metrics)` that counts its traces."""
+    """A jitted `update(state, batch, grammar=None) -> (state, metrics)` that counts its
+    traces. `grammar` (default: the one given at construction) is a traced argument: its FSM
+    tables are never baked into the program as constants."""
 
-    def __init__(self, fn: Callable, donate: bool = False):
+    def __init__(self, fn: Callable, donate: bool = False, grammar=None):
         self.trace_count = 0
+        self.grammar = grammar
 
         def counted(*args):
             self.trace_count += 1
@@ -395,12 +398,11 @@ class CompiledUpdate:
         self.fn = fn
 
     def __call__(self, state, batch, grammar=None):
-        """grammar: the rollout's `Grammar` when batch.fsm_states is set (a traced argument:
-        its tables are never baked into the program as constants)."""
-        return self._jitted(state, batch, grammar)
+        """grammar: the rollout's `Grammar` when batch.fsm_states is set."""
+        return self._jitted(state, batch, self.grammar if grammar is None else grammar)
 
     def lower(self, state, batch, grammar=None):
-        return self._jitted.lower(state, batch, grammar)
+        return self._jitted.lower(state, batch, self.grammar if grammar is None else grammar)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -434,11 +436,12 @@ def rollout_advantages(cfg: PPOConfig, batch: Trajectory, kl_coef: Array,
     return adv, returns, rewards, kl, reward_stats
 
 
-def make_update(cfg: PPOConfig, pdef, donate: bool = False) -> CompiledUpdate:
+def make_update(cfg: PPOConfig, pdef, donate: bool = False, grammar=None) -> CompiledUpdate:
     """Build the jitted PPO update for the policy described by `pdef` (policy.PolicyDef).
 
     update(state: TrainState, batch: Trajectory, grammar=None) -> (state, metrics); grammar is
-    the rollout's `Grammar` when batch.fsm_states is set. metrics is a dict
+    the rollout's `Grammar` when batch.fsm_states is set (default: `grammar`, bound here as a
+    default *argument*). metrics is a dict
     of float32 scalars: policy_loss, value_loss, loss, entropy, approx_kl, clip_frac,
     vf_clip_frac, value_error, explained_variance, kl_ref (mean per-sequence k1 to the
     reference), kl_coef, score_mean, reward_mean (token rewards summed per sequence),
@@ -488,7 +491,7 @@ def make_update(cfg: PPOConfig, pdef, donate: bool = False) -> CompiledUpdate:
         new_state = new_state.replace(rng=rng, kl=kl_state, reward_stats=reward_stats)
         return new_state, metrics
 
-    return CompiledUpdate(update, donate=donate)
+    return CompiledUpdate(update, donate=donate, grammar=grammar)
 
 
 def init_train_state(cfg, pdef, params, ref_params, key) -> state_lib.TrainState:
