@@ -13,7 +13,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxsocial.train import checkpointing, loop, runner, sharding
+from jaxsocial.train import checkpointing, loop, report, runner, sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = ("tokens_per_s", "ticks_per_s", "rollout_s", "wall_s")
@@ -134,6 +134,12 @@ def test_demo_smoke_runs_end_to_end_and_resumes_exactly(smoke, smoke_full, tmp_p
     assert os.path.exists(full_dir / "export" / "model.safetensors")
     assert os.path.exists(full_dir / "samples.jsonl")
     assert any(f.startswith("events") for f in os.listdir(full_dir / "tensorboard"))
+    # Text-drift indicators per epoch, and summary.md with the blog's table and real posts.
+    assert set(recs[0]["drift"]) == set(report.DRIFT_KEYS)
+    assert 0.0 <= recs[0]["drift"]["distinct_2"] <= 1.0
+    assert recs[0]["posts"] and all("text" in p and "likes" in p for p in recs[0]["posts"])
+    md = (full_dir / "summary.md").read_text()
+    assert "| avg likes per post |" in md and "## Posts from the last epoch (epoch 2)" in md
     # Interrupted after epoch 1, then resumed: identical metrics (bit-exact on CPU).
     part = runner.train(config, str(tmp_path / "part"), run=run, stop_after=1)
     assert part["epochs"] == 1

@@ -15,7 +15,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from jaxsocial.train import checkpointing, config_check, loop, sharding
+from jaxsocial.train import checkpointing, config_check, loop, report, sharding
 from jaxsocial.train import logging as log_lib
 
 SUMMARY_KEYS = ("avg_likes_per_post", "zero_like_share", "positive_engagement_share",
@@ -152,7 +152,8 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
             if writer is not None:
                 writer.write(epoch, metrics)
                 writer.write_samples(samples)
-            history.append({k: record[k] for k in SUMMARY_KEYS} | {"epoch": epoch})
+            history.append({k: record[k] for k in SUMMARY_KEYS} | {"epoch": epoch}
+                           | {k: record[k] for k in ("drift", "posts") if k in record})
             done_here += 1
             if bar is not None:
                 bar.update(1)
@@ -182,6 +183,8 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
     if lead:
         with open(os.path.join(workdir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
+        report.write_summary_md(summary, os.path.join(workdir, "summary.md"),
+                                title=f"Social-RL run: {config.name}")
     return summary
 
 
