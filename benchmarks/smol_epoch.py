@@ -11,7 +11,8 @@ encoder. Epoch 1 includes compiling the rollout, scoring and update programs; "u
 scoring + PPO update (the epoch's wall time minus its rollout). The runner's checkpoint writes
 are not included. The machine's 1-minute load average is printed at start and end (timings on
 a shared machine are indicative only; process CPU seconds are printed beside them: on an idle
-2-core machine wall time is at most the CPU time). Last line: one JSON object.
+2-core machine wall time lies between half of and all of the CPU time). Last line: one JSON
+object.
 """
 import importlib.util
 import json
