@@ -47,7 +47,7 @@ def tb_steps(workdir):
             ev.ParseFromString(data[i + 12:i + 12 + n])
             i += 12 + n + 4
             out += [(v.tag, ev.step) for v in ev.summary.value]
-    return out
+    return sorted(out, key=lambda t: t[1])  # the files' order is not the steps' order
 
 
 @pytest.fixture(scope="module")
@@ -213,6 +213,18 @@ def _expect_once(w, n):
     assert sorted(set(samples)) == list(range(1, n + 1)) and len(samples) == 2 * n
     steps = [s for tag, s in tb_steps(w) if tag == "avg_likes_per_post"]
     assert steps == list(range(1, n + 1)), steps
+
+
+def test_rebuilt_events_survive_a_writer_opened_in_the_same_second(tmp_path):
+    from jaxsocial.train import logging as log_lib
+    with log_lib.MetricWriter(str(tmp_path)) as mw:
+        for e in (1, 2, 3):
+            mw.write(e, {"epoch": e, "avg_likes_per_post": float(e)})
+    assert log_lib.cut_logs(str(tmp_path), 2) == 2
+    with log_lib.MetricWriter(str(tmp_path)) as mw:  # same second: the file names collided
+        mw.write(3, {"epoch": 3, "avg_likes_per_post": 3.0})
+    assert [s for tag, s in tb_steps(tmp_path) if tag == "avg_likes_per_post"] == [1, 2, 3]
+    assert epochs_of(tmp_path / "metrics.jsonl") == [1, 2, 3]
 
 
 def test_killed_after_first_metrics_before_first_checkpoint(smoke, tmp_path, monkeypatch):

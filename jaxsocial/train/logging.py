@@ -7,7 +7,8 @@ TensorFlow needed) side by side; `write_samples` appends qualitative samples to
 Exactly once: `cut_logs(workdir, epoch)` runs on every start (fresh or resumed) and keeps only
 the records of epochs <= the restored epoch in metrics.jsonl and samples.jsonl (0 on a fresh
 start: both emptied), and rewrites the TensorBoard events from the kept metrics into a fresh
-events directory, so a step is never shown twice. A torn last line (a run killed mid-write)
+events directory (file suffix `.kept`, next to the new run's own file), so a step is never
+shown twice. A torn last line (a run killed mid-write)
 is dropped with a warning naming the file.
 """
 
@@ -141,7 +142,9 @@ def cut_logs(workdir: str, epoch: int, tensorboard: bool = True) -> int:
         shutil.rmtree(tb_dir)
     if tensorboard and kept_metrics:
         from tensorboardX import SummaryWriter
-        with SummaryWriter(tb_dir) as tb:
+        # Its own file-name suffix: tensorboardX names files by the second, so the writer
+        # that opens next in the same second would otherwise overwrite the rebuilt events.
+        with SummaryWriter(tb_dir, filename_suffix=".kept") as tb:
             for r in kept_metrics:
                 for k, v in flatten(r).items():
                     tb.add_scalar(k, v, int(r["epoch"]))
