@@ -158,11 +158,7 @@ def _drop_metadata(step_dir):
 
 
 @pytest.mark.parametrize("corrupt", [
-    _bitflip, _truncate,
-    # Unverified at the end of the session that wrote it: failed in one loaded run (cause not
-    # yet read). Non-strict so the suite stays green; see the issue note.
-    pytest.param(_drop_metadata, marks=pytest.mark.xfail(
-        reason="deleted _METADATA fallback not yet verified", strict=False))])
+    _bitflip, _truncate, _drop_metadata])
 def test_corrupt_latest_checkpoint_falls_back_and_says_so(smoke, full, tmp_path, corrupt, caplog):
     config, run = smoke
     w = _copy(full[0], tmp_path / "w")
@@ -277,8 +273,6 @@ def test_resume_cuts_logs_and_drops_a_torn_line(smoke, full, tmp_path, caplog):
     _expect_once(w, 4)
 
 
-@pytest.mark.xfail(reason="failed once under load at the end of the session that wrote it; "
-                   "cause not yet read (see the issue note)", strict=False)
 def test_fresh_start_over_leftovers_starts_the_logs_over(smoke, full, tmp_path):
     config, run = smoke
     w = _copy(full[0], tmp_path / "w")

@@ -212,6 +212,9 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001
             logging.info("reading the metadata of checkpoint %s failed", where, exc_info=True)
             raise CheckpointError(f"checkpoint {where} is unreadable ({_one_line(e)})") from e
+        if not stored:  # orbax reads a deleted _METADATA as "no arrays", not as an error
+            raise CheckpointError(f"checkpoint {where} is unreadable (its tree metadata, "
+                                  f"state/_METADATA, is missing or empty)")
         wanted = _path_shapes(like)
         if stored != wanted:
             diff = sorted(set(stored.items()) ^ set(wanted.items()))
