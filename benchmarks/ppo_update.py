@@ -129,17 +129,7 @@ def main(_):
     del model
     state = ppo.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
 
-    key = jax.random.PRNGKey(1)
-    k1, k2, k3, k4 = jax.random.split(key, 4)
-    v = cfg_m.vocab_size
-    plen = jax.random.randint(k1, (b,), p // 2, p + 1)
-    prompt_mask = jnp.arange(p)[None, :] >= (p - plen)[:, None]
-    prompt = jnp.where(prompt_mask, jax.random.randint(k2, (b, p), 3, v), 0)
-    rlen = jax.random.randint(k3, (b,), r // 2, r + 1)
-    response_mask = jnp.arange(r)[None, :] < rlen[:, None]
-    response = jax.random.randint(k4, (b, r), 3, v)
-    traj = buffer.make_trajectory(prompt, prompt_mask, response, response_mask,
-                                  scores=jax.random.normal(key, (b,)))
+    traj = _trajectory(b, p, r, cfg_m.vocab_size, jax.random.PRNGKey(1))
 
     score = jax.jit(lambda params, ref_params, t: policy_lib.score_batch(
         pdef, params, ref_params, t, cfg))
@@ -152,8 +142,8 @@ def main(_):
 
     # Peer: a plain SFT step on the same sequences with the same optimizer.
     tx, _ = ppo.make_optimizer(cfg)
-    ids = jnp.concatenate([prompt, response], 1)
-    mask = jnp.concatenate([prompt_mask, response_mask], 1)
+    ids = jnp.concatenate([traj.prompt_tokens, traj.response_tokens], 1)
+    mask = jnp.concatenate([traj.prompt_mask, traj.response_mask], 1)
 
     @jax.jit
     def sft_step(weights, opt_state):

@@ -24,12 +24,7 @@ def get_config(arg=None):
     # encoder), likes driven by post-interest similarity (no popularity feedback, so one lucky
     # post does not dominate an epoch's average).
     c.crowd_text.topics = ("cooking",)
-    c.society.update(num_users=2048, num_personas=1, embed_dim=16, post_capacity=2048,
-                     content_len=12, num_seed_posts=256, feed_size=4, pool_size=256,
-                     w_pop=0.0, recency_tau=6.0, explore_frac=0.1,
-                     max_active=256, crowd_budget=512, activation_rate=0.1,
-                     interest_noise=0.3, like_bias=-5.0, like_sim=8.0, like_pop=0.0,
-                     p_post=0.02)
+    c.society.update(defaults.taste_driven_society(num_users=2048, feed_size=4))
     # Answers that create no post earn the epoch's mean post score: the policy is rewarded for
     # posts that beat the average (what the crowd likes), not for posting more.
     c.reward.non_post_baseline = True

@@ -33,12 +33,7 @@ def get_config(arg=None):
     c.agents.instruction = INSTRUCTION
     c.agents.actions = ("post", "like", "nothing")
     c.agents.newest_comment = False
-    c.society.update(num_users=1024, num_personas=1, embed_dim=16, post_capacity=1024,
-                     content_len=12, num_seed_posts=128, feed_size=2, pool_size=128,
-                     w_pop=0.0, recency_tau=6.0, explore_frac=0.1,
-                     max_active=128, crowd_budget=256, activation_rate=0.1,
-                     interest_noise=0.3, like_bias=-5.0, like_sim=8.0, like_pop=0.0,
-                     p_post=0.02)
+    c.society.update(defaults.taste_driven_society(num_users=1024, feed_size=2))
     c.reward.non_post_baseline = True
     c.rollout.ticks_per_epoch = 4
     c.rollout.max_new_tokens = 16

@@ -10,14 +10,18 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 from absl import flags
 
 from conftest import ROOT, load_launcher
-from jaxsocial.train import checkpointing, config_check, loop, runner
+from jaxsocial.train import checkpointing, config_check, loop, runner, sharding
 
 SMOKE = os.path.join(ROOT, "configs", "demo.py") + ":smoke"
+# Subprocesses that test the console and signals run on one device, not the suite's 8 fake ones
+# (an epoch over 8 fake devices costs ~10x one on 2 cores).
+ONE_DEVICE_ENV = dict(os.environ, XLA_FLAGS="")
 
 
 def load_config(arg="smoke"):
@@ -158,7 +162,7 @@ def test_sigterm_early_in_a_real_process_exits_zero(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, os.path.join(ROOT, "launch", "train.py"), f"--config={SMOKE}",
          f"--workdir={tmp_path / 'w'}", "--noprogress"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        cwd=ROOT, env=ONE_DEVICE_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     time.sleep(3)  # importing / setting up, long before the first epoch
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=300)
@@ -174,7 +178,7 @@ def test_sigterm_early_in_a_real_process_exits_zero(tmp_path):
 def test_running_normalization_keeps_its_statistics_in_the_state():
     c = load_config()
     c.reward.normalize = "running"
-    run = loop.SocialRL(c)
+    run = loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
     assert run.rl_config.reward_norm == "running"
     state = run.init_state()
     state, _, _ = run.run_epoch(state)
@@ -194,7 +198,7 @@ def test_console_is_readable_and_full_log_goes_to_train_log(tmp_path):
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "launch", "train.py"), f"--config={SMOKE}",
          f"--workdir={w}", "--config.train.export_hf=False"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900)
+        cwd=ROOT, env=ONE_DEVICE_ENV, capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     low = out.lower()

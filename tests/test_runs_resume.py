@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxsocial.train import checkpointing, config_check, loop, runner
+from jaxsocial.train import checkpointing, config_check, loop, runner, sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,8 +52,10 @@ def tb_steps(workdir):
 
 @pytest.fixture(scope="module")
 def smoke():
+    # One device: these tests are about files, not sharding, and an epoch over the 8 fake
+    # devices of the suite costs ~10x one on a single device on 2 cores.
     c = load_config()
-    return c, loop.SocialRL(c)
+    return c, loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
 
 
 @pytest.fixture(scope="module")

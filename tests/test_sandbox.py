@@ -309,5 +309,7 @@ def test_without_the_view_the_host_files_are_visible(monkeypatch):
     path = os.path.abspath(sandbox.__file__)
     if not all(os.stat(p).st_mode & 0o005 for p in (path, os.path.dirname(path))):
         pytest.skip("the checkout is not world-readable here")
+    if any(path.startswith(d + os.sep) for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")):
+        pytest.skip("the checkout is under /tmp, which the sandbox always replaces by a tmpfs")
     r = sandbox.run(f"print(len(open({path!r}).read()) > 0)", **LIMITS)
     assert (r.status, r.stdout) == ("passed", "True\n")

@@ -169,7 +169,8 @@ def test_general_smoke_free_mode_counts_unparsable(tmp_path):
     c = load_config("general", "smoke")
     c.agents.action_mode = "free"
     c.train.export_hf = False
-    summary = runner.train(c, str(tmp_path / "free"))
+    run = loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    summary = runner.train(c, str(tmp_path / "free"), run=run)
     rec = _records(tmp_path / "free" / "metrics.jsonl")[0]
     # A random tiny model writing free text almost never starts with an action keyword.
     assert rec["parse_failures"] > 0
@@ -213,7 +214,7 @@ def test_same_epoch_on_one_and_eight_devices(smoke):
 
 def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
     workdir = tmp_path / "sig"
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", XLA_FLAGS="")  # one device: about signals
     proc = subprocess.Popen(
         [sys.executable, os.path.join(ROOT, "launch", "train.py"),
          "--config=" + os.path.join(ROOT, "configs", "demo.py") + ":smoke",

@@ -274,24 +274,7 @@ def abstract_update(model_config: llama.LlamaConfig, rl_config, mesh, *, rows: i
     _, model_state = nnx.split(nnx.eval_shape(lambda: llama.Llama(model_config,
                                                                    rngs=nnx.Rngs(0))))
     weight_sh = nnx.to_pure_dict(sharding.state_shardings(model_state, mesh))
-    rep = sharding.replicated(mesh)
-    keys = set(weight_sh)
-
-    def place(tree):
-        if isinstance(tree, dict) and set(tree) == keys:
-            return jax.tree.map(lambda sh, x: sh, weight_sh, tree)
-        if isinstance(tree, dict):
-            return {k: place(v) for k, v in tree.items()}
-        if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
-            return type(tree)(place(v) for v in tree)
-        if hasattr(tree, "_fields"):
-            return type(tree)(*(place(v) for v in tree))
-        if dataclasses.is_dataclass(tree):
-            return tree.replace(**{f.name: place(getattr(tree, f.name))
-                                   for f in dataclasses.fields(tree)
-                                   if f.metadata.get("pytree_node", True)})
-        return jax.tree.map(lambda _: rep, tree)
-    train = _with_shardings(train, place(train))
+    train = _with_shardings(train, sharding.weights_like_shardings(train, weight_sh, mesh))
     batch = jax.eval_shape(lambda: buffer_lib.make_trajectory(
         jnp.zeros((rows, prompt_len), jnp.int32), jnp.ones((rows, prompt_len), bool),
         jnp.zeros((rows, response_len), jnp.int32), jnp.ones((rows, response_len), bool),

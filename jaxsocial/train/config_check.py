@@ -99,15 +99,15 @@ def check(config: ml_collections.ConfigDict) -> None:
             problems.append(f"{key}={v!r} is not a number")
             return default
 
+    def at_least(key, lo, default):
+        need(num(key, default) >= lo, f"{key}={_get(config, key)} must be >= {lo}")
+
     epochs = num("train.epochs", 1)
     need(epochs >= 1 and epochs == int(epochs), f"train.epochs={_get(config, 'train.epochs')} "
          f"must be an integer >= 1")
-    need(num("train.checkpoint_every", 1) >= 1,
-         f"train.checkpoint_every={_get(config, 'train.checkpoint_every')} must be >= 1")
-    need(num("train.keep_checkpoints", 1) >= 1,
-         f"train.keep_checkpoints={_get(config, 'train.keep_checkpoints')} must be >= 1")
-    need(num("train.log_samples", 0) >= 0,
-         f"train.log_samples={_get(config, 'train.log_samples')} must be >= 0")
+    at_least("train.checkpoint_every", 1, 1)
+    at_least("train.keep_checkpoints", 1, 1)
+    at_least("train.log_samples", 0, 0)
     feed, pool = num("society.feed_size", 1), num("society.pool_size", 1)
     need(feed >= 1, f"society.feed_size={int(feed)} must be >= 1")
     need(feed <= pool, f"society.feed_size={int(feed)} > society.pool_size={int(pool)}: the "
@@ -115,8 +115,7 @@ def check(config: ml_collections.ConfigDict) -> None:
     mode = _get(config, "reward.normalize", "none")
     need(mode in NORMALIZE_MODES, f"reward.normalize={mode!r}; choose one of "
          f"{', '.join(NORMALIZE_MODES)}")
-    need(num("reward.horizon", 1) >= 1,
-         f"reward.horizon={_get(config, 'reward.horizon')} must be >= 1")
+    at_least("reward.horizon", 1, 1)
     algo = _get(config, "rl.algo", "ppo")
     need(algo in ("ppo", "grpo"), f"rl.algo={algo!r}; choose 'ppo' or 'grpo'")
     need(not (mode == "running" and algo == "grpo"), "reward.normalize='running' is done by "
@@ -131,17 +130,12 @@ def check(config: ml_collections.ConfigDict) -> None:
          f"[0, agents.num_agents={int(agents)}] (0 = all)")
     users = num("society.num_users", agents)
     need(users >= agents, f"society.num_users={int(users)} < agents.num_agents={int(agents)}")
-    need(num("rollout.ticks_per_epoch", 1) >= 1,
-         f"rollout.ticks_per_epoch={_get(config, 'rollout.ticks_per_epoch')} must be >= 1")
-    need(num("rollout.max_new_tokens", 1) >= 1,
-         f"rollout.max_new_tokens={_get(config, 'rollout.max_new_tokens')} must be >= 1")
-    need(num("rollout.temperature", 1.0) >= 0,
-         f"rollout.temperature={_get(config, 'rollout.temperature')} must be >= 0")
-    need(num("rl.minibatches", 1) >= 1,
-         f"rl.minibatches={_get(config, 'rl.minibatches')} must be >= 1")
-    need(num("rl.ppo_epochs", 1) >= 1,
-         f"rl.ppo_epochs={_get(config, 'rl.ppo_epochs')} must be >= 1")
-    need(num("rl.lr", 0.0) >= 0, f"rl.lr={_get(config, 'rl.lr')} must be >= 0")
+    at_least("rollout.ticks_per_epoch", 1, 1)
+    at_least("rollout.max_new_tokens", 1, 1)
+    at_least("rollout.temperature", 0, 1.0)
+    at_least("rl.minibatches", 1, 1)
+    at_least("rl.ppo_epochs", 1, 1)
+    at_least("rl.lr", 0, 0.0)
     if not problems and "society" in config:
         from jaxsocial.social import society  # SocialParams' own checks (no compile)
         try:

@@ -87,6 +87,17 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
+def taste_driven_society(num_users: int, feed_size: int) -> dict:
+    """`c.society` overrides of the small demo societies (demo, smol): one persona, likes driven
+    by post-interest similarity only (no popularity feedback, so one lucky post does not
+    dominate an epoch's average), `num_users` users and as many post slots."""
+    return dict(num_users=num_users, num_personas=1, embed_dim=16, post_capacity=num_users,
+                content_len=12, num_seed_posts=num_users // 8, feed_size=feed_size,
+                pool_size=num_users // 8, w_pop=0.0, recency_tau=6.0, explore_frac=0.1,
+                max_active=num_users // 8, crowd_budget=num_users // 4, activation_rate=0.1,
+                interest_noise=0.3, like_bias=-5.0, like_sim=8.0, like_pop=0.0, p_post=0.02)
+
+
 def smoke(c: ml_collections.ConfigDict, content_len: int = 12,
           max_new_tokens: int = 8) -> ml_collections.ConfigDict:
     """The `:smoke` variant of any config: tiny random Llama, 8 agents, 4 ticks, one update.

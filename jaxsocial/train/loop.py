@@ -17,7 +17,6 @@ the initial policy.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -26,7 +25,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import logging
 from flax import nnx, struct
 
 from jaxsocial.generation.generate import generate_from_state
@@ -40,9 +38,8 @@ from jaxsocial.rl import rewards as rewards_lib
 from jaxsocial.rl.state import TrainState
 from jaxsocial.social import prompting, society, text_bank
 from jaxsocial.social.actions import ActionType
-from jaxsocial.social.state import PAD_TOKEN, PostKind, SocialState, normalize
-from jaxsocial.train import (agent_actions, code_problems, config_check, defaults, memory,
-                             sharding)
+from jaxsocial.social.state import SocialState, normalize
+from jaxsocial.train import agent_actions, code_problems, config_check, memory, sharding
 
 Array = jax.Array
 
@@ -328,26 +325,9 @@ class SocialRL:
             _, model_state = nnx.split(nnx.eval_shape(lambda: llama.Llama(
                 self.model_config, rngs=nnx.Rngs(0))))
             self._weight_sh = nnx.to_pure_dict(sharding.state_shardings(model_state, mesh))
-        weight_sh = self._weight_sh
         rep = sharding.replicated(mesh)
-
-        def weights_like(tree):
-            # Any subtree with the model's structure (params, reference, Adam moments) gets the
-            # parameter shardings; everything else is replicated.
-            if isinstance(tree, dict) and set(tree) == set(weight_sh):
-                return jax.tree.map(lambda s, _: s, weight_sh, tree)
-            if isinstance(tree, dict):
-                return {k: weights_like(v) for k, v in tree.items()}
-            if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
-                return type(tree)(weights_like(v) for v in tree)
-            if hasattr(tree, "_fields"):
-                return type(tree)(*(weights_like(v) for v in tree))
-            if dataclasses.is_dataclass(tree):
-                return tree.replace(**{f.name: weights_like(getattr(tree, f.name))
-                                       for f in dataclasses.fields(tree)
-                                       if f.metadata.get("pytree_node", True)})
-            return jax.tree.map(lambda _: rep, tree)
-        return RunState(train=weights_like(state.train),
+        return RunState(train=sharding.weights_like_shardings(state.train, self._weight_sh,
+                                                              mesh),
                         society=jax.tree.map(lambda _: rep, state.society),
                         key=rep, epoch=rep)
 

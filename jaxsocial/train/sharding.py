@@ -10,6 +10,7 @@ divisible by its mesh axes is replicated instead (tiny test models on 8 devices)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
@@ -108,6 +109,29 @@ def state_shardings(state: Any, mesh: Mesh, rules: Dict[str, Any] = LOGICAL_AXIS
             return leaf.replace(NamedSharding(mesh, spec))
         return NamedSharding(mesh, P())
     return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def weights_like_shardings(tree: Any, weight_shardings: Dict[str, Any], mesh: Mesh) -> Any:
+    """Shardings for `tree`: every subtree with the model's structure (params, reference,
+    Adam moments) gets `weight_shardings` (a pure dict from `state_shardings`); every other
+    leaf is replicated. Walks dicts, lists/tuples, NamedTuples and flax dataclasses."""
+    rep = replicated(mesh)
+    keys = set(weight_shardings)
+
+    def walk(t):
+        if isinstance(t, dict) and set(t) == keys:
+            return jax.tree.map(lambda s, _: s, weight_shardings, t)
+        if isinstance(t, dict):
+            return {k: walk(v) for k, v in t.items()}
+        if isinstance(t, (list, tuple)) and not hasattr(t, "_fields"):
+            return type(t)(walk(v) for v in t)
+        if hasattr(t, "_fields"):
+            return type(t)(*(walk(v) for v in t))
+        if dataclasses.is_dataclass(t):
+            return t.replace(**{f.name: walk(getattr(t, f.name)) for f in dataclasses.fields(t)
+                                if f.metadata.get("pytree_node", True)})
+        return jax.tree.map(lambda _: rep, t)
+    return walk(tree)
 
 
 def data_sharding(mesh: Mesh, ndim: int, logical: str = "batch") -> NamedSharding:
