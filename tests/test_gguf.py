@@ -239,7 +239,9 @@ def one_line_error(exc_info, *parts):
 
 def load_refused(path, *parts):
     """from_pretrained(path) raises a one-line ValueError naming the file and `parts`."""
-    load_refused(path, *parts)
+    with pytest.raises(ValueError) as e:
+        llama.from_pretrained(path)
+    one_line_error(e, path, *parts)
 
 
 def test_unsupported_architecture(tmp_path):
