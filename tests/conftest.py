@@ -34,3 +34,8 @@ def load_launcher(relpath):
     spec.loader.exec_module(mod)
     _LAUNCHER_FLAGS.update(set(flags.FLAGS) - before)
     return mod
+
+
+# Subprocesses that test the console, signals or files (not sharding) run on one device, not the
+# suite's 8 fake ones: an epoch over 8 fake devices costs ~10x one on 2 cores.
+ONE_DEVICE_ENV = dict(os.environ, XLA_FLAGS="")

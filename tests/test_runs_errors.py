@@ -15,13 +15,11 @@ import numpy as np
 import pytest
 from absl import flags
 
-from conftest import ROOT, load_launcher
+from conftest import ONE_DEVICE_ENV, ROOT, load_launcher
 from jaxsocial.train import checkpointing, config_check, loop, runner, sharding
 
 SMOKE = os.path.join(ROOT, "configs", "demo.py") + ":smoke"
-# Subprocesses that test the console and signals run on one device, not the suite's 8 fake ones
-# (an epoch over 8 fake devices costs ~10x one on 2 cores).
-ONE_DEVICE_ENV = dict(os.environ, XLA_FLAGS="")
+
 
 
 def load_config(arg="smoke"):

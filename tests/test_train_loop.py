@@ -13,6 +13,7 @@ import numpy as np
 import optax
 import pytest
 
+from conftest import ONE_DEVICE_ENV
 from jaxsocial.train import checkpointing, loop, report, runner, sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -214,7 +215,7 @@ def test_same_epoch_on_one_and_eight_devices(smoke):
 
 def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
     workdir = tmp_path / "sig"
-    env = dict(os.environ, PYTHONUNBUFFERED="1", XLA_FLAGS="")  # one device: about signals
+    env = dict(ONE_DEVICE_ENV, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
         [sys.executable, os.path.join(ROOT, "launch", "train.py"),
          "--config=" + os.path.join(ROOT, "configs", "demo.py") + ":smoke",

@@ -8,8 +8,8 @@ Exactly once: `cut_logs(workdir, epoch)` runs on every start (fresh or resumed) 
 the records of epochs <= the restored epoch in metrics.jsonl and samples.jsonl (0 on a fresh
 start: both emptied), and rewrites the TensorBoard events from the kept metrics into a fresh
 events directory (file suffix `.kept`, next to the new run's own file), so a step is never
-shown twice. A torn last line (a run killed mid-write)
-is dropped with a warning naming the file.
+shown twice. A torn last line (a run killed mid-write) is dropped with a warning naming the
+file.
 """
 
 from __future__ import annotations
