@@ -29,7 +29,8 @@ EXTRAS = {
     # torch==2.13.0 exactly: the CPU build here; the parity tests compare against its Llama.
     # The eval stack is included so CI runs the lm-eval integration tests (~25 s to install).
     # accelerate: transformers needs it to load a GGUF model (the GGUF parity reference).
-    "test": ["pytest>=8", "torch==2.13.0", "accelerate>=1.10,<2"] + SMOL + EVAL,
+    # ruff: the linter .ci/run runs before the tests (configuration: ruff.toml).
+    "test": ["pytest>=8", "ruff>=0.17,<0.18", "torch==2.13.0", "accelerate>=1.10,<2"] + SMOL + EVAL,
     "smol": SMOL,
     "eval": EVAL,
     "tfds": ["tensorflow-datasets>=4.9.9", "array-record>=0.8"],

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxsocial.models import llama
+from jaxsocial.models import checkpoint_hf, llama
 from jaxsocial.social import text_bank
 
 
@@ -41,8 +41,8 @@ def main():
     if args.model == "smol":
         from jaxsocial.models import zoo
         path = zoo.smollm2_135m_instruct()
-        model = llama.from_pretrained(path, dtype="float32", param_dtype="float32")
-        tok = llama.load_tokenizer(path)
+        model = checkpoint_hf.from_pretrained(path, dtype="float32", param_dtype="float32")
+        tok = checkpoint_hf.load_tokenizer(path)
     else:
         from jaxsocial.models.tokenizer import tiny_tokenizer
         tok = tiny_tokenizer()

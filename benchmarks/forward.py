@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxsocial.models import llama
+from jaxsocial.models import checkpoint_hf, llama
 
 
 def _seconds(fn) -> float:
@@ -52,7 +52,7 @@ def main():
     cfg = llama.preset(args.preset)
     model = llama.init(cfg, seed=args.seed)
     with tempfile.TemporaryDirectory() as d:
-        llama.save_pretrained(model, d)
+        checkpoint_hf.save_pretrained(model, d)
         hf = transformers.LlamaForCausalLM.from_pretrained(
             d, dtype=torch.float32, local_files_only=True).eval()
 

@@ -19,22 +19,21 @@ import tempfile
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from jaxsocial.generation import SamplingConfig, generate
-from jaxsocial.models import llama
+from jaxsocial.models import checkpoint_hf, llama
 
 
 def torch_model(model: llama.Llama):
-    """transformers LlamaForCausalLM holding `model`'s weights: `llama.save_pretrained` then
+    """transformers LlamaForCausalLM holding `model`'s weights: `checkpoint_hf.save_pretrained` then
     `LlamaForCausalLM.from_pretrained` (float32)."""
     import torch
     from transformers import LlamaForCausalLM
 
     with tempfile.TemporaryDirectory() as d:
-        llama.save_pretrained(model, d)
+        checkpoint_hf.save_pretrained(model, d)
         return LlamaForCausalLM.from_pretrained(d, dtype=torch.float32,
                                                 local_files_only=True).eval()
 
@@ -112,7 +111,8 @@ def main():
         if args.hf_threads:
             torch.set_num_threads(args.hf_threads)
         tm = torch_model(model)
-        t_ids, t_mask = torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(mask.astype(np.int64))
+        t_ids = torch.from_numpy(ids.astype(np.int64))
+        t_mask = torch.from_numpy(mask.astype(np.int64))
         kw = dict(do_sample=True, temperature=1.0, top_k=50, top_p=0.95, max_new_tokens=args.new,
                   min_new_tokens=args.new, pad_token_id=pad)
 

@@ -41,7 +41,7 @@ fi
 row() {  # name, extra args...
   local name=$1; shift
   local start=$SECONDS
-  if timeout "$ROW_TIMEOUT" python launch/profile.py "${COMMON[@]}" "$@" \
+  if timeout "$ROW_TIMEOUT" python launch/throughput.py "${COMMON[@]}" "$@" \
       --out="$OUT/$name.json" > "$OUT/$name.log" 2>&1; then
     python - "$OUT/$name.json" "$name" $((SECONDS - start)) <<'PY'
 import json, sys

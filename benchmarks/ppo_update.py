@@ -32,8 +32,10 @@ import optax
 from absl import app, flags
 from flax import nnx
 
+from jaxsocial.generation import scoring
 from jaxsocial.models import llama
-from jaxsocial.rl import buffer, policy as policy_lib, ppo
+from jaxsocial.rl import buffer, optim, ppo
+from jaxsocial.rl import policy as policy_lib
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("preset", "small_20m", "Llama preset")
@@ -85,12 +87,12 @@ def memory_main():
     out = {}
     for name, kw in rows:
         cfg = ppo.PPOConfig(ppo_epochs=FLAGS.epochs, num_minibatches=FLAGS.minibatches, **kw)
-        state = ppo.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
+        state = optim.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
         t = time.perf_counter()
         mem = ppo.make_update(cfg, pdef).lower(state, traj).compile().memory_analysis()
         dt = time.perf_counter() - t
         temp = mem.temp_size_in_bytes
-        chunk = policy_lib.resolve_chunk(cfg.logits_chunk, cfg.accumulation(b)[1], r, v)
+        chunk = scoring.resolve_chunk(cfg.logits_chunk, cfg.accumulation(b)[1], r, v)
         print(f"{name:58s} chunk {chunk:4d}: XLA temp {temp / 2**30:7.3f} GiB, arguments "
               f"{mem.argument_size_in_bytes / 2**30:.3f} GiB, output "
               f"{mem.output_size_in_bytes / 2**30:.3f} GiB (compile {dt:.0f} s)")
@@ -127,7 +129,7 @@ def main(_):
     cfg = ppo.PPOConfig(ppo_epochs=FLAGS.epochs, num_minibatches=FLAGS.minibatches)
     pdef, params, ref = policy_lib.init_policy(model)
     del model
-    state = ppo.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
+    state = optim.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
 
     traj = _trajectory(b, p, r, cfg_m.vocab_size, jax.random.PRNGKey(1))
 
@@ -141,7 +143,7 @@ def main(_):
         return update(state, t)
 
     # Peer: a plain SFT step on the same sequences with the same optimizer.
-    tx, _ = ppo.make_optimizer(cfg)
+    tx, _ = optim.make_optimizer(cfg)
     ids = jnp.concatenate([traj.prompt_tokens, traj.response_tokens], 1)
     mask = jnp.concatenate([traj.prompt_mask, traj.response_mask], 1)
 

@@ -80,8 +80,8 @@ def main(_):
                    avg_likes=round(m["avg_likes_per_post"], 3))
         rows.append(row)
         print(f"epoch {row['epoch']}: rollout {row['rollout_s']} s, update {row['update_s']} s, "
-              f"epoch {row['wall_s']} s (cpu {row['cpu_s']} s), posts {row['posts']}, avg likes/post "
-              f"{row['avg_likes']}", flush=True)
+              f"epoch {row['wall_s']} s (cpu {row['cpu_s']} s), posts {row['posts']}, "
+              f"avg likes/post {row['avg_likes']}", flush=True)
     total = time.perf_counter() - t0
     steady = [r["wall_s"] for r in rows[1:]] or [rows[0]["wall_s"]]
     steady_cpu = [r["cpu_s"] for r in rows[1:]] or [rows[0]["cpu_s"]]
@@ -90,7 +90,8 @@ def main(_):
                epoch_cpu_s=round(sum(steady_cpu) / len(steady_cpu), 1),
                epoch_s=round(sum(steady) / len(steady), 1), max_epoch_s=max(r["wall_s"]
                                                                           for r in rows),
-               epochs=epochs, total_s=round(total, 1), total_cpu_s=round(_cpu(), 1), load_start=round(load0, 1),
+               epochs=epochs, total_s=round(total, 1), total_cpu_s=round(_cpu(), 1),
+               load_start=round(load0, 1),
                load_end=round(os.getloadavg()[0], 1), overrides=FLAGS.set)
     print(json.dumps(out))
 

@@ -41,7 +41,6 @@ def _config(n):
 
 def measure(n: int, ticks: int, peer: bool) -> dict:
     import jax
-    import jax.numpy as jnp
 
     from jaxsocial.social import metrics, society
 

@@ -46,19 +46,19 @@ def get_config(arg=None):
     e.cost_observe = 0
     e.cost_exploit = 0
 
-    l = c.llm = ml_collections.ConfigDict()
-    l.enabled = False
-    l.checkpoint = ""  # HF-style directory (llama.from_pretrained) or "tiny" (random demo model)
-    l.num_seeds = 8
-    l.num_agents = 0  # 0 = same as env
-    l.num_arms = 0
-    l.num_rounds = 0
-    l.max_learn_tokens = 256  # generation cap of the learning decision
-    l.max_pull_tokens = 64  # generation cap of the pull decision
-    l.temperature = 0.7
-    l.top_p = 1.0
-    l.grammar = True  # constrain completions to the action grammar
-    l.dtype = "float32"
+    llm = c.llm = ml_collections.ConfigDict()
+    llm.enabled = False
+    llm.checkpoint = ""  # a checkpoint path or a preset ("tiny": random demo model)
+    llm.num_seeds = 8
+    llm.num_agents = 0  # 0 = same as env
+    llm.num_arms = 0
+    llm.num_rounds = 0
+    llm.max_learn_tokens = 256  # generation cap of the learning decision
+    llm.max_pull_tokens = 64  # generation cap of the pull decision
+    llm.temperature = 0.7
+    llm.top_p = 1.0
+    llm.grammar = True  # constrain completions to the action grammar
+    llm.dtype = "float32"
 
     if arg in (None, "", "paper"):
         pass
@@ -74,12 +74,12 @@ def get_config(arg=None):
         c.fast_compile = True
         e.num_agents, e.num_arms, e.num_rounds = 4, 6, 10
         if arg == "tiny_llm":
-            l.enabled = True
-            l.checkpoint = "tiny"
-            l.num_seeds = 2
-            l.num_rounds = 3
-            l.max_learn_tokens = 24
-            l.max_pull_tokens = 12
+            c.llm.enabled = True
+            c.llm.checkpoint = "tiny"
+            c.llm.num_seeds = 2
+            c.llm.num_rounds = 3
+            c.llm.max_learn_tokens = 24
+            c.llm.max_pull_tokens = 12
     else:
         raise ValueError(f"unknown social_learning config variant {arg!r}; "
                          "choose paper, costed, closed, small or tiny_llm")

@@ -78,7 +78,7 @@ def summary_table(run: Dict[str, List[dict]]) -> str:
 def plot_run(run: Dict[str, List[dict]], path: Optional[str] = None):
     """Three panels: likes distribution per epoch, zero-like share, reward mean +- std.
     Needs matplotlib (`pip install matplotlib`); returns the figure."""
-    import matplotlib
+    import matplotlib  # optional dependency (plots only)
     if path:
         matplotlib.use("Agg")
     import matplotlib.pyplot as plt

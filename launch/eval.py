@@ -16,20 +16,12 @@ per-sample records and the alpaca annotations, and prints the table:
 
 from __future__ import annotations
 
+import gc
+import json
 import os
-import sys
+import time
 
-# launch/ holds profile.py, which would shadow the stdlib `profile` that cProfile imports:
-# keep launch/ off the import path and put the repository root on it.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-sys.path.insert(0, os.path.dirname(_HERE))
-
-import gc  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
 

@@ -6,26 +6,19 @@
 Writes <workdir>/metrics.jsonl (one line per recorded tick: society metrics + seconds) and
 <workdir>/summary.json (config, totals, seconds per tick, final metrics, peak RSS).
 """
+import functools
+import json
 import os
-import sys
+import resource
+import time
 
-# launch/ must not shadow the stdlib (launch/profile.py); the repo root must be importable.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-sys.path.insert(0, os.path.dirname(_HERE))
+import jax
+import numpy as np
+import tqdm
+from absl import app, flags, logging
+from ml_collections import config_flags
 
-import functools  # noqa: E402
-import json  # noqa: E402
-import resource  # noqa: E402
-import time  # noqa: E402
-
-from absl import app, flags, logging  # noqa: E402
-import jax  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-import numpy as np  # noqa: E402
-import tqdm  # noqa: E402
-
-from jaxsocial.social import metrics, society  # noqa: E402
+from jaxsocial.social import metrics, society
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/million.py[:variant]",
                                           lock_config=True)

@@ -15,21 +15,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 
+import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-# Run as a script, launch/ would be sys.path[0] and its modules could shadow the standard
-# library (launch/profile.py hides `profile`); import from the repository root instead.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-sys.path.insert(0, os.path.dirname(_HERE))
-
-import jax  # noqa: E402
-
-from jaxsocial.envs import baselines, metrics  # noqa: E402
-from jaxsocial.envs import social_learning as sl  # noqa: E402
+from jaxsocial.envs import baselines, metrics
+from jaxsocial.envs import social_learning as sl
 
 FLAGS = flags.FLAGS
 
@@ -158,8 +150,9 @@ def run(config, workdir: str) -> dict:
     return results
 
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(_HERE), "configs", "social_learning.py"),
+    "config", os.path.join(_ROOT, "configs", "social_learning.py"),
     "Tournament config file (configs/social_learning.py[:variant]).", lock_config=True)
 flags.DEFINE_string("workdir", "/tmp/social_learning", "where results.json goes")
 

@@ -32,18 +32,13 @@ def _exit_on_sigterm(signum, frame):  # noqa: ARG001
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
-# launch/ holds profile.py, which would shadow the stdlib `profile` that cProfile imports:
-# keep launch/ off the import path and put the repository root on it.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-sys.path.insert(0, os.path.dirname(_HERE))
+# The heavy imports come after the handler (ruff.toml exempts this file from E402).
+import ast
+import json
+import logging as py_logging
 
-import ast  # noqa: E402
-import json  # noqa: E402
-import logging as py_logging  # noqa: E402
-
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import app, flags, logging
+from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py",
                                           "Path to a config file (configs/*.py[:variant]).",
@@ -86,8 +81,9 @@ class _ConsoleHandler(py_logging.Handler):
     def __init__(self, console):
         super().__init__(py_logging.WARNING)
         self.console = console
-        root = os.path.dirname(_HERE)
-        self.dirs = (os.path.join(root, "jaxsocial") + os.sep, _HERE + os.sep)
+        import jaxsocial
+        here = os.path.dirname(os.path.abspath(__file__))
+        self.dirs = (os.path.dirname(os.path.abspath(jaxsocial.__file__)) + os.sep, here + os.sep)
 
     def emit(self, record):
         if not record.pathname.startswith(self.dirs):

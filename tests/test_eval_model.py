@@ -10,16 +10,16 @@ import pytest
 
 lm_eval = pytest.importorskip("lm_eval")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from lm_eval.api.instance import Instance  # noqa: E402
-from lm_eval.api.registry import get_model  # noqa: E402
-from lm_eval.tasks import TaskManager  # noqa: E402
+import jax
+import jax.numpy as jnp
+from lm_eval.api.instance import Instance
+from lm_eval.api.registry import get_model
+from lm_eval.tasks import TaskManager
 
-from jaxsocial.eval import lm_eval_model  # noqa: E402
-from jaxsocial.generation import SamplingConfig, generate  # noqa: E402
-from jaxsocial.models import llama  # noqa: E402
-from jaxsocial.models.tokenizer import tiny_tokenizer  # noqa: E402
+from jaxsocial.eval import lm_eval_model
+from jaxsocial.generation import SamplingConfig, generate
+from jaxsocial.models import checkpoint_hf, llama
+from jaxsocial.models.tokenizer import tiny_tokenizer
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "eval")
 
@@ -28,7 +28,7 @@ FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "eval")
 def checkpoint(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("tiny_ckpt"))
     model = llama.init(llama.preset("tiny"), seed=3)
-    llama.save_pretrained(model, path)
+    checkpoint_hf.save_pretrained(model, path)
     tiny_tokenizer().save_pretrained(path)
     return path
 

@@ -10,11 +10,18 @@ from flax import nnx
 from test_grammar import ref_accepts
 from test_sampling import ref_probs
 
-from jaxsocial.generation import (GenerationOutput, SamplingConfig, compile_grammar, free_text,
-                                  generate, generate_from_state, grammar as gr,
-                                  recompute_logprobs)
+from jaxsocial.generation import (
+    GenerationOutput,
+    SamplingConfig,
+    compile_grammar,
+    free_text,
+    generate,
+    generate_from_state,
+    recompute_logprobs,
+)
+from jaxsocial.generation import grammar as gr
 from jaxsocial.generation.generate import TRACE_COUNTS, _programs, bucket_length
-from jaxsocial.models import llama
+from jaxsocial.models import checkpoint_hf
 
 V = 97
 PAD, END = 0, 2
@@ -31,7 +38,7 @@ def models(tmp_path_factory):
     torch_model = hf_utils.save_random_hf_model(
         d, seed=3, num_key_value_heads=2, head_dim=16, hidden_size=48, num_attention_heads=6,
         rope_scaling=hf_utils.LLAMA3_ROPE_SCALING)
-    return llama.from_pretrained(d), torch_model
+    return checkpoint_hf.from_pretrained(d), torch_model
 
 
 def left_padded(lengths, total, seed):
@@ -122,8 +129,9 @@ def test_logprobs_equal_log_softmax_over_temperature_of_full_forward(models, sam
 def test_hidden_is_final_hidden_state_of_last_response_token(models, sampled):
     ours, _ = models
     ids, mask, out = sampled
-    full = nnx.jit(lambda m, i, k: m.forward(i, k))(ours, jnp.concatenate([jnp.asarray(ids), out.tokens], 1),
-                        jnp.concatenate([jnp.asarray(mask), out.mask], 1))
+    full = nnx.jit(lambda m, i, k: m.forward(i, k))(
+        ours, jnp.concatenate([jnp.asarray(ids), out.tokens], 1),
+        jnp.concatenate([jnp.asarray(mask), out.mask], 1))
     last = ids.shape[1] + np.asarray(out.lengths) - 1
     ref = np.asarray(full.hidden)[np.arange(len(last)), last]
     assert out.hidden.shape == (len(last), ours.config.hidden_size)
@@ -205,8 +213,8 @@ def test_no_recompilation_within_a_bucket(models, sampled):
 
 def test_kv_cache_allocated_once_at_bucket_plus_new_in_compute_dtype(models, tmp_path):
     ours, _ = models
-    llama.save_pretrained(ours, tmp_path)
-    bf16 = llama.from_pretrained(tmp_path, dtype="bfloat16")
+    checkpoint_hf.save_pretrained(ours, tmp_path)
+    bf16 = checkpoint_hf.from_pretrained(tmp_path, dtype="bfloat16")
     config = SamplingConfig(max_new_tokens=7, prompt_bucket=16)
     graphdef, state = nnx.split(bf16)
     prefill, _ = _programs(graphdef, 16, 3, config, False, False)

@@ -141,7 +141,7 @@ IDS = np.random.RandomState(0).randint(3, 97, (2, 13))
 def test_synthetic_gguf_matches_transformers(tmp_path, qtype, tied):
     hf = hf_utils.random_hf_model(seed=1, tie_word_embeddings=tied, **TINY)
     path = write_llama_gguf(tmp_path / "tiny.gguf", hf, qtype)
-    ours = llama.from_pretrained(path)
+    ours = checkpoint_hf.from_pretrained(path)
     assert ours.config == checkpoint_hf.config_from_hf(hf.config.to_dict()).replace(
         rms_norm_eps=ours.config.rms_norm_eps, max_position_embeddings=128)
     assert ours.config.tie_word_embeddings == tied and (ours.lm_head is None) == tied
@@ -159,14 +159,14 @@ def test_synthetic_gguf_matches_transformers(tmp_path, qtype, tied):
     # The same file through a safetensors copy loads to the same parameters, bit for bit.
     d = tmp_path / "hf"
     ref_model.save_pretrained(d)
-    via_st = llama.from_pretrained(d)
+    via_st = checkpoint_hf.from_pretrained(d)
     for a, b in zip(jax.tree.leaves(nnx.state(ours, nnx.Param)),
                     jax.tree.leaves(nnx.state(via_st, nnx.Param))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
     # Control: the quantization is real (the unquantized model is measurably different).
     if qtype == Q.Q8_0:
-        assert rel_err(forward(llama.from_pretrained(d), IDS),
+        assert rel_err(forward(checkpoint_hf.from_pretrained(d), IDS),
                        hf_utils.hf_logits(hf, IDS)) > 1e-4  # quantization is visible
 
 
@@ -174,9 +174,9 @@ def test_unpermute_is_needed(tmp_path, monkeypatch):
     hf = hf_utils.random_hf_model(seed=2, **TINY)
     path = write_llama_gguf(tmp_path / "tiny.gguf", hf, Q.F32)
     ref = hf_utils.hf_logits(hf, IDS)
-    assert rel_err(forward(llama.from_pretrained(path), IDS), ref) <= 1e-5
+    assert rel_err(forward(checkpoint_hf.from_pretrained(path), IDS), ref) <= 1e-5
     monkeypatch.setattr(jgguf, "unpermute_qk", lambda w, n: w)
-    assert rel_err(forward(llama.from_pretrained(path), IDS), ref) > 1e-2
+    assert rel_err(forward(checkpoint_hf.from_pretrained(path), IDS), ref) > 1e-2
 
 
 def test_transformers_reads_our_synthetic_file_the_same(tmp_path):
@@ -184,12 +184,12 @@ def test_transformers_reads_our_synthetic_file_the_same(tmp_path):
     writer above is llama.cpp's layout and not merely our loader's inverse."""
     from transformers import AutoModelForCausalLM
     hf = hf_utils.random_hf_model(seed=3, **TINY)
-    path = write_llama_gguf(tmp_path / "tiny.gguf", hf, Q.F32)
+    write_llama_gguf(tmp_path / "tiny.gguf", hf, Q.F32)
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny.gguf",
                                                   dtype=torch.float32).eval()
     ref = hf_utils.hf_logits(theirs, IDS)
     np.testing.assert_allclose(ref, hf_utils.hf_logits(hf, IDS), rtol=0, atol=1e-5)
-    assert rel_err(forward(llama.from_pretrained(tmp_path), IDS), ref) <= 1e-5  # directory
+    assert rel_err(forward(checkpoint_hf.from_pretrained(tmp_path), IDS), ref) <= 1e-5  # directory
 
 
 def llama3_rope_freqs(theta, head_dim, factor, low, high, orig):
@@ -218,7 +218,7 @@ def test_llama3_rope_scaling_from_rope_freqs(tmp_path):
     freqs = llama3_rope_freqs(1e12, 16, 8.0, 1.0, 4.0, 8192)
     assert (freqs == 1).any() and (freqs == 8).any() and ((freqs > 1) & (freqs < 8)).any()
     path = write_llama_gguf(tmp_path / "l3.gguf", hf, Q.F32, rope_freqs=freqs)
-    ours = llama.from_pretrained(path)
+    ours = checkpoint_hf.from_pretrained(path)
     assert ours.config.rope_scaling_dict == scaling
     ids = np.random.RandomState(1).randint(3, 97, (1, 100))
     assert rel_err(forward(ours, ids), hf_utils.hf_logits(hf, ids)) <= 1e-5
@@ -227,7 +227,7 @@ def test_llama3_rope_scaling_from_rope_freqs(tmp_path):
     bad[-1] *= 1.5
     write_llama_gguf(tmp_path / "bad.gguf", hf, Q.F32, rope_freqs=bad)
     with pytest.raises(ValueError, match=r"bad\.gguf.*unsupported rope scaling"):
-        llama.from_pretrained(tmp_path / "bad.gguf")
+        checkpoint_hf.from_pretrained(tmp_path / "bad.gguf")
 
 
 def one_line_error(exc_info, *parts):
@@ -240,7 +240,7 @@ def one_line_error(exc_info, *parts):
 def load_refused(path, *parts):
     """from_pretrained(path) raises a one-line ValueError naming the file and `parts`."""
     with pytest.raises(ValueError) as e:
-        llama.from_pretrained(path)
+        checkpoint_hf.from_pretrained(path)
     one_line_error(e, path, *parts)
 
 
@@ -276,7 +276,7 @@ def test_missing_tensor_and_shape_errors(tmp_path):
         jgguf.from_gguf(tmp_path / "nope.gguf")
     with pytest.raises(ValueError, match="is not a GGUF file"):
         (tmp_path / "x.gguf").write_bytes(b"nope" * 10)
-        llama.from_pretrained(tmp_path / "x.gguf")
+        checkpoint_hf.from_pretrained(tmp_path / "x.gguf")
 
 
 def test_directory_with_two_gguf_files_is_ambiguous(tmp_path):
@@ -284,7 +284,7 @@ def test_directory_with_two_gguf_files_is_ambiguous(tmp_path):
     write_llama_gguf(tmp_path / "a.gguf", hf, Q.F32)
     write_llama_gguf(tmp_path / "b.gguf", hf, Q.F32)
     with pytest.raises(ValueError, match=r"2 GGUF files \['a.gguf', 'b.gguf'\]"):
-        llama.from_pretrained(tmp_path)
+        checkpoint_hf.from_pretrained(tmp_path)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -297,6 +297,7 @@ TEMPLATE = ("{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_head
 def write_tokenizer_gguf(path):
     """A GGUF holding only the tiny tokenizer, in llama.cpp's `gpt2` (byte-level BPE) form."""
     import json
+
     from jaxsocial.models.tokenizer import tiny_tokenizer_path
     with open(os.path.join(tiny_tokenizer_path(), "tokenizer.json"), encoding="utf-8") as f:
         spec = json.load(f)
@@ -329,7 +330,7 @@ def test_tokenizer_from_gguf_and_its_cache(tmp_path, monkeypatch):
     fresh = jgguf.load_tokenizer(path)
     cached_dirs = os.listdir(tmp_path / "cache" / "gguf-tokenizers")
     assert len(cached_dirs) == 1 and cached_dirs[0].startswith("tok-")
-    cached = llama.load_tokenizer(path)  # from the cache this time
+    cached = checkpoint_hf.load_tokenizer(path)  # from the cache this time
     texts = ["Hello world! I like cats.", "post: \"x\" -> {\"a\": 1}\n\n  tabs\tand ünïcode 😀",
              "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"]
     for tok in (fresh, cached):
@@ -345,7 +346,7 @@ def test_tokenizer_from_gguf_and_its_cache(tmp_path, monkeypatch):
         assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (1, 5, 0)
     # The model check still applies: 512 tokens do not fit a 97-row embedding.
     with pytest.raises(ValueError, match="vocab_size=97"):
-        llama.load_tokenizer(path, llama.LlamaConfig(**{**TINY, "num_hidden_layers": 1}))
+        checkpoint_hf.load_tokenizer(path, llama.LlamaConfig(**{**TINY, "num_hidden_layers": 1}))
 
 
 def test_tokenizer_errors(tmp_path):
@@ -399,8 +400,8 @@ def smol_path():
 
 @pytest.fixture(scope="session")
 def smol(smol_path):
-    model = llama.from_pretrained(smol_path)
-    return model, llama.load_tokenizer(smol_path, model)
+    model = checkpoint_hf.from_pretrained(smol_path)
+    return model, checkpoint_hf.load_tokenizer(smol_path, model)
 
 
 @pytest.fixture(scope="session")
@@ -487,8 +488,8 @@ def test_smollm2_greedy_chat_generation_matches_transformers(smol, smol_hf):
 @pytest.mark.slow
 def test_smollm2_save_pretrained_round_trips(smol, tmp_path):
     model, _ = smol
-    llama.save_pretrained(model, tmp_path)
-    again = llama.from_pretrained(tmp_path)
+    checkpoint_hf.save_pretrained(model, tmp_path)
+    again = checkpoint_hf.from_pretrained(tmp_path)
     assert again.config == model.config
     for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)),
                     jax.tree.leaves(nnx.state(again, nnx.Param))):

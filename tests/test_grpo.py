@@ -5,13 +5,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
+from test_rl_common import (
+    GRPO_LEARN,
+    TARGET,
+    compiled_update,
+    count_token,
+    rollout,
+    standard_prompts,
+    tiny_policy,
+)
 
-from jaxsocial.models import llama
-from jaxsocial.rl import grpo, policy as policy_lib, ppo
-
-from test_rl_common import (GRPO_LEARN, TARGET, compiled_update, count_token, rollout,
-                            standard_prompts, tiny_config, tiny_policy)
+from jaxsocial.rl import grpo, optim, ppo
 
 
 def group_adv_loop(scores, g, eps, ddof, scale):
@@ -69,7 +73,7 @@ def test_grpo_learns_synthetic_reward():
     pdef, params, ref = tiny_policy("none")
     assert params["value"] is None
     cfg = GRPO_LEARN
-    state = ppo.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
+    state = optim.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
     update = compiled_update(cfg, "none")
     before = update.trace_count
     prompt, pmask = standard_prompts(group=cfg.group_size)

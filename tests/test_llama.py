@@ -1,9 +1,10 @@
 """The Flax NNX Llama against transformers' PyTorch LlamaForCausalLM, plus its own invariants.
 
 Weights always take the real path: a random transformers model -> its `save_pretrained`
-directory -> our `llama.from_pretrained`.
+directory -> our `checkpoint_hf.from_pretrained`.
 """
 
+import hf_utils
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,8 +12,7 @@ import pytest
 import torch
 from flax import nnx
 
-import hf_utils
-from jaxsocial.models import llama
+from jaxsocial.models import checkpoint_hf, llama
 
 B, T = 3, 24
 ATOL = 1e-4
@@ -51,13 +51,13 @@ def checkpoints(tmp_path_factory):
 def gqa(checkpoints):
     """(our model, PyTorch model) for the GQA + llama3-rope case."""
     path, hf = checkpoints["gqa_llama3_rope"]
-    return llama.from_pretrained(path), hf
+    return checkpoint_hf.from_pretrained(path), hf
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_logits_match_transformers(checkpoints, name):
     path, hf = checkpoints[name]
-    model = llama.from_pretrained(path)
+    model = checkpoint_hf.from_pretrained(path)
     cfg = model.config
     assert cfg.tie_word_embeddings == CASES[name].get("tie_word_embeddings", False)
     assert (model.lm_head is None) == cfg.tie_word_embeddings
@@ -157,11 +157,11 @@ def test_bfloat16_forward_close_to_float32(tmp_path):
     # enough that bf16 rounding shows, without the chaos of the 0.2 used for parity.
     hf = hf_utils.save_random_hf_model(tmp_path, seed=7, initializer_range=0.05,
                                        **CASES["gqa_llama3_rope"])
-    f32 = llama.from_pretrained(tmp_path)
-    bf16 = llama.from_pretrained(tmp_path, dtype="bfloat16")
+    f32 = checkpoint_hf.from_pretrained(tmp_path)
+    bf16 = checkpoint_hf.from_pretrained(tmp_path, dtype="bfloat16")
     assert bf16.config.dtype == bf16.config.param_dtype == "bfloat16"
     assert bf16.layers[0].self_attn.q_proj[...].dtype == jnp.bfloat16
-    mixed = llama.from_pretrained(tmp_path, dtype="bfloat16", param_dtype="float32")
+    mixed = checkpoint_hf.from_pretrained(tmp_path, dtype="bfloat16", param_dtype="float32")
     assert mixed.layers[0].mlp.up_proj[...].dtype == jnp.float32
     ids, mask = _ids(5, (B, T)), _left_padded_mask()
     ref = hf_utils.our_logits(f32, ids, mask)[mask]

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsocial.rl import ppo, state as state_lib
+from jaxsocial.rl import losses, optim, ppo
+from jaxsocial.rl import state as state_lib
 
 
 def ragged_mask(rng, b, t):
@@ -89,9 +90,9 @@ def test_masked_whiten_matches_numpy():
     vals = x[mask].astype(np.float64)
     mean, var = vals.mean(), vals.var(ddof=1)
     want = np.where(mask, (x - mean) / np.sqrt(var + 1e-8), 0.0)
-    np.testing.assert_allclose(np.asarray(ppo.masked_whiten(x, mask)), want, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(losses.masked_whiten(x, mask)), want, atol=1e-5)
     want_scale = np.where(mask, (x - mean) / np.sqrt(var + 1e-8) + mean, 0.0)
-    np.testing.assert_allclose(np.asarray(ppo.masked_whiten(x, mask, shift_mean=False)),
+    np.testing.assert_allclose(np.asarray(losses.masked_whiten(x, mask, shift_mean=False)),
                                want_scale, atol=1e-5)
 
 
@@ -99,7 +100,7 @@ def test_policy_loss_ratio_one_is_minus_mean_advantage():
     adv = jnp.array([[1.0, -2.0, 3.0, 100.0]])
     mask = jnp.array([[1, 1, 1, 0]], bool)
     lp = jnp.array([[-1.0, -2.0, -0.5, -3.0]])
-    loss, stats = ppo.policy_loss(lp, lp, adv, mask)
+    loss, stats = losses.policy_loss(lp, lp, adv, mask)
     assert float(loss) == pytest.approx(-(1.0 - 2.0 + 3.0) / 3, abs=1e-6)
     assert float(stats["clip_frac"]) == 0.0
     assert float(stats["approx_kl"]) == pytest.approx(0.0, abs=1e-7)
@@ -117,7 +118,7 @@ def test_policy_loss_ratio_one_is_minus_mean_advantage():
 def test_policy_loss_clipped_branches(adv, ratio, eps_high, want, clipped):
     lp_old = jnp.array([[-1.0]])
     lp = lp_old + math.log(ratio)
-    loss, stats = ppo.policy_loss(lp, lp_old, jnp.array([[adv]]), jnp.ones((1, 1), bool),
+    loss, stats = losses.policy_loss(lp, lp_old, jnp.array([[adv]]), jnp.ones((1, 1), bool),
                                   clip_eps=0.2, clip_eps_high=eps_high)
     assert float(loss) == pytest.approx(want, abs=1e-5)
     assert float(stats["clip_frac"]) == (1.0 if clipped else 0.0)
@@ -129,7 +130,7 @@ def test_value_loss_hand_values():
     v_old = jnp.array([[0.0, 0.0, 0.0, 0.0]])
     ret = jnp.array([[1.0, 0.5, 0.0, 0.0]])
     mask = jnp.array([[1, 1, 1, 0]], bool)
-    loss, stats = ppo.value_loss(v, v_old, ret, mask, value_clip=0.2)
+    loss, stats = losses.value_loss(v, v_old, ret, mask, value_clip=0.2)
     # token 0: max(0.25, (0.2-1)^2 = 0.64); token 1: max(0.25, 0.09); token 2: max(0.01, 0.01)
     assert float(loss) == pytest.approx(0.5 * (0.64 + 0.25 + 0.01) / 3, abs=1e-6)
     assert float(stats["vf_clip_frac"]) == pytest.approx(1 / 3)
@@ -140,13 +141,14 @@ def test_kl_estimators():
     lp = np.array([[-1.0, -0.3, -2.0]], np.float32)
     ref = np.array([[-1.5, -0.3, -1.0]], np.float32)
     d = lp.astype(np.float64) - ref
-    np.testing.assert_allclose(np.asarray(ppo.kl_penalty(lp, ref, "k1")), d, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(ppo.kl_penalty(lp, ref, "k2")), 0.5 * d ** 2, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(losses.kl_penalty(lp, ref, "k1")), d, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(losses.kl_penalty(lp, ref, "k2")), 0.5 * d ** 2,
+                               atol=1e-6)
     k3 = np.exp(-d) - (-d) - 1
-    np.testing.assert_allclose(np.asarray(ppo.kl_penalty(lp, ref, "k3")), k3, atol=1e-6)
-    assert np.all(np.asarray(ppo.kl_penalty(lp, ref, "k3")) >= 0)
+    np.testing.assert_allclose(np.asarray(losses.kl_penalty(lp, ref, "k3")), k3, atol=1e-6)
+    assert np.all(np.asarray(losses.kl_penalty(lp, ref, "k3")) >= 0)
     with pytest.raises(ValueError, match="k4"):
-        ppo.kl_penalty(lp, ref, "k4")
+        losses.kl_penalty(lp, ref, "k4")
 
 
 def test_k3_is_unbiased_estimate_of_kl():
@@ -154,7 +156,7 @@ def test_k3_is_unbiased_estimate_of_kl():
     p = np.array([0.5, 0.3, 0.2])
     q = np.array([0.2, 0.5, 0.3])
     x = np.asarray(jax.random.choice(jax.random.PRNGKey(0), 3, (200_000,), p=jnp.asarray(p)))
-    est = ppo.kl_penalty(jnp.log(p[x]), jnp.log(q[x]), "k3").mean()
+    est = losses.kl_penalty(jnp.log(p[x]), jnp.log(q[x]), "k3").mean()
     assert float(est) == pytest.approx(float(np.sum(p * np.log(p / q))), abs=5e-3)
 
 
@@ -223,12 +225,12 @@ def test_config_validation_names_bad_value():
 
 def test_schedules():
     cfg = ppo.PPOConfig(learning_rate=1e-3, warmup_steps=10)
-    _, sched = ppo.make_optimizer(cfg)
+    _, sched = optim.make_optimizer(cfg)
     assert float(sched(0)) == 0.0
     assert float(sched(5)) == pytest.approx(5e-4)
     assert float(sched(100)) == pytest.approx(1e-3)
     cfg = ppo.PPOConfig(learning_rate=1e-3, lr_schedule="cosine", warmup_steps=0,
                         decay_steps=100, end_lr_ratio=0.1)
-    _, sched = ppo.make_optimizer(cfg)
+    _, sched = optim.make_optimizer(cfg)
     assert float(sched(50)) == pytest.approx(1e-4 + 0.5 * (1e-3 - 1e-4), rel=1e-4)
     assert float(sched(100)) == pytest.approx(1e-4, rel=1e-4)

@@ -5,12 +5,24 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_rl_common import (
+    PPO_FIRST,
+    PPO_LEARN,
+    PPO_SMALL,
+    RESP,
+    TARGET,
+    VOCAB,
+    compiled_update,
+    count_token,
+    rollout,
+    standard_prompts,
+    tiny_config,
+    tiny_policy,
+)
 
 from jaxsocial.models import llama
-from jaxsocial.rl import policy as policy_lib, ppo
-
-from test_rl_common import (PPO_FIRST, PPO_LEARN, PPO_SMALL, RESP, TARGET, VOCAB, compiled_update,
-                            count_token, rollout, standard_prompts, tiny_config, tiny_policy)
+from jaxsocial.rl import optim, ppo
+from jaxsocial.rl import policy as policy_lib
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +37,7 @@ def small_update(setup):
 
 def _state(cfg, setup, seed=0):
     pdef, params, ref = setup[:3]
-    return ppo.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(seed))
+    return optim.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(seed))
 
 
 def _ragged_mask(key, b, n):
@@ -45,8 +57,8 @@ def test_first_ratio_is_one_with_temperature_topk_topp_and_grammar(setup):
     assert traj.fsm_states.shape == (b, RESP) and traj.fsm_states.dtype == jnp.int32
     m = np.asarray(rmask)
     # the grammar mask was honoured and is part of the recomputed distribution
-    assert np.all(np.take_along_axis(np.asarray(allowed), np.asarray(traj.response_tokens)[..., None],
-                                     -1)[..., 0])
+    assert np.all(np.take_along_axis(np.asarray(allowed),
+                                     np.asarray(traj.response_tokens)[..., None], -1)[..., 0])
     np.testing.assert_allclose(np.asarray(traj.old_logprobs)[m], np.asarray(gen_lp)[m], atol=1e-5)
     # the reference is the initial policy: KL to reference is 0 before any update
     np.testing.assert_allclose(np.asarray(traj.ref_logprobs), np.asarray(traj.old_logprobs),
@@ -141,7 +153,7 @@ def test_separate_critic_trains_its_own_trunk(setup):
     pdef, params, ref = policy_lib.init_policy(model, value_mode="critic", critic=critic)
     # 2 epochs: the value head starts at zero, so the trunk gets gradient from step 2 on
     cfg = ppo.PPOConfig(learning_rate=1e-3, temperature=1.0, ppo_epochs=2)
-    state = ppo.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
+    state = optim.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
     traj, _ = rollout(pdef, params, ref, cfg, jax.random.PRNGKey(8), prompt, pmask, RESP,
                       lambda t: jnp.arange(t.shape[0], dtype=jnp.float32))
     new, metrics = ppo.make_update(cfg, pdef)(state, traj)
@@ -150,7 +162,8 @@ def test_separate_critic_trains_its_own_trunk(setup):
                          new_trunk["layers"], old_trunk["layers"])
     assert all(jax.tree.leaves(moved))
     # the critic never uses its LM head: no gradient, no change
-    np.testing.assert_array_equal(np.asarray(new_trunk["lm_head"]), np.asarray(old_trunk["lm_head"]))
+    np.testing.assert_array_equal(np.asarray(new_trunk["lm_head"]),
+                                  np.asarray(old_trunk["lm_head"]))
     assert new_trunk["embed_tokens"].shape[1] == 16  # the critic's own (smaller) trunk
     ref_same = jax.tree.map(lambda a, b: bool(np.all(np.asarray(a) == np.asarray(b))),
                             new.ref_params, state.ref_params)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxsocial.models import checkpoint_hf
 from jaxsocial.models.tokenizer import LLAMA3_CHAT_TEMPLATE, llama32_tokenizer, tiny_tokenizer
 from jaxsocial.social import prompting, society
 from jaxsocial.social.actions import ActionType as T
@@ -30,8 +31,8 @@ L = 32  # content tokens per post
 
 def _smol():
     pytest.importorskip("gguf")
-    from jaxsocial.models import llama, zoo
-    return llama.load_tokenizer(zoo.smollm2_135m_instruct())
+    from jaxsocial.models import zoo
+    return checkpoint_hf.load_tokenizer(zoo.smollm2_135m_instruct())
 
 
 _LOADERS = {"tiny": tiny_tokenizer, "llama32": llama32_tokenizer, "smol": _smol}

@@ -1,6 +1,6 @@
 """Social reward = engagement within a horizon, checked against a hand-built society history."""
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jaxsocial.rl import rewards
@@ -23,7 +23,7 @@ def _reference(created_id, created_tick, deltas, slot_ids, horizon, first_tick):
 def test_hand_built_history_with_eviction():
     # Ring of 2 slots. Post 0 (slot 0) created at tick 0; post 1 (slot 1) at tick 0;
     # post 2 is created at tick 2 in slot 0, evicting post 0 before its horizon (3) ends.
-    p, horizon = 2, 3
+    horizon = 3
     slot_ids = np.array([[0, 1], [0, 1], [2, 1], [2, 1]])
     likes = np.array([[1, 0], [2, 1], [5, 1], [1, 4]])
     deltas = likes[..., None]

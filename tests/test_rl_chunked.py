@@ -6,15 +6,23 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_rl_common import (
+    RESP,
+    TARGET,
+    compiled_update,
+    count_token,
+    rollout,
+    standard_prompts,
+    tiny_config,
+    tiny_policy,
+)
 
-from jaxsocial.generation import Repeat, compile_grammar, free_text
+from jaxsocial.generation import Repeat, compile_grammar, free_text, scoring
 from jaxsocial.generation import grammar as grammar_lib
 from jaxsocial.generation import sampling as sampling_lib
 from jaxsocial.models import llama
-from jaxsocial.rl import buffer, policy as policy_lib, ppo
-
-from test_rl_common import (RESP, TARGET, compiled_update, count_token, rollout,
-                            standard_prompts, tiny_config, tiny_policy)
+from jaxsocial.rl import buffer, losses, optim, ppo
+from jaxsocial.rl import policy as policy_lib
 
 B, R, H, V = 3, 10, 8, 40
 
@@ -56,7 +64,7 @@ def _np_logprobs(logits, tokens, temperature, top_k, top_p, allowed=None):
 ])
 def test_chunked_equals_full_logits_and_numpy(chunk, scfg):
     hidden, w, tokens = _inputs()
-    lp, ent = policy_lib.token_stats(hidden, w, tokens, scfg, chunk=chunk, with_entropy=True)
+    lp, ent = scoring.token_stats(hidden, w, tokens, scfg, chunk=chunk, with_entropy=True)
     logits = hidden @ w
     full = sampling_lib.token_logprobs(logits, tokens, scfg)
     full_lp = sampling_lib.log_probs(logits, scfg)
@@ -68,9 +76,9 @@ def test_chunked_equals_full_logits_and_numpy(chunk, scfg):
     np.testing.assert_allclose(lp, want_lp, atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(ent, want_ent, atol=1e-5, rtol=1e-5)
     # KL to a reference (per-token estimators work on these log-probs) agrees as well
-    ref_lp, _ = policy_lib.token_stats(hidden * 0.5, w, tokens, scfg, chunk=chunk)
-    np.testing.assert_allclose(ppo.kl_penalty(lp, ref_lp, "k3"),
-                               ppo.kl_penalty(full, sampling_lib.token_logprobs(
+    ref_lp, _ = scoring.token_stats(hidden * 0.5, w, tokens, scfg, chunk=chunk)
+    np.testing.assert_allclose(losses.kl_penalty(lp, ref_lp, "k3"),
+                               losses.kl_penalty(full, sampling_lib.token_logprobs(
                                    (hidden * 0.5) @ w, tokens, scfg), "k3"), atol=1e-5, rtol=1e-5)
 
 
@@ -81,7 +89,7 @@ def test_chunked_gradients_equal_full_logits():
     c = jax.random.normal(jax.random.PRNGKey(6), (B, R))
 
     def chunked(hidden, w):
-        lp, ent = policy_lib.token_stats(hidden, w, tokens, scfg, chunk=3, with_entropy=True,
+        lp, ent = scoring.token_stats(hidden, w, tokens, scfg, chunk=3, with_entropy=True,
                                          entropy_grad=True)
         return jnp.sum(lp * a) + jnp.sum(ent * c)
 
@@ -96,7 +104,7 @@ def test_chunked_gradients_equal_full_logits():
         assert float(jnp.max(jnp.abs(y))) > 1e-2  # non-trivial gradients
         np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-5)
     # entropy_grad=False: the entropy term contributes no gradient
-    g3 = jax.grad(lambda h: jnp.sum(policy_lib.token_stats(
+    g3 = jax.grad(lambda h: jnp.sum(scoring.token_stats(
         h, w, tokens, scfg, chunk=3, with_entropy=True)[1]))(hidden)
     assert float(jnp.max(jnp.abs(g3))) == 0.0
 
@@ -150,7 +158,7 @@ def test_fsm_states_rebuild_the_step_masks():
     hidden = jax.random.normal(jax.random.PRNGKey(0), (b, n, H))
     w = jax.random.normal(jax.random.PRNGKey(1), (H, 32))
     scfg = sampling_lib.SamplingConfig(temperature=0.7, top_k=12)
-    lp, ent = policy_lib.token_stats(hidden, w, jnp.asarray(toks), scfg, grammar=gram,
+    lp, ent = scoring.token_stats(hidden, w, jnp.asarray(toks), scfg, grammar=gram,
                                      states=states, chunk=5, with_entropy=True)
     old = sampling_lib.token_logprobs(hidden @ w, jnp.asarray(toks), scfg, masks)
     np.testing.assert_allclose(np.asarray(lp)[mask], np.asarray(old)[mask], atol=1e-5)
@@ -158,7 +166,7 @@ def test_fsm_states_rebuild_the_step_masks():
     np.testing.assert_allclose(np.asarray(lp)[mask], want_lp[mask], atol=1e-5)
     # negative control: states off by one step give different log-probs
     shifted = jnp.roll(states, 1, axis=1)
-    lp_bad, _ = policy_lib.token_stats(hidden, w, jnp.asarray(toks), scfg, grammar=gram,
+    lp_bad, _ = scoring.token_stats(hidden, w, jnp.asarray(toks), scfg, grammar=gram,
                                        states=shifted, chunk=5)
     assert np.max(np.abs(np.asarray(lp_bad - lp)[mask])) > 1e-2
 
@@ -186,9 +194,9 @@ def test_micro_batches_give_the_big_batch_update():
     traj, _ = rollout(pdef, params, ref, base, jax.random.PRNGKey(6), prompt, pmask, RESP,
                       count_token(TARGET), response_mask=rmask)
     key = jax.random.PRNGKey(0)
-    big, m1 = compiled_update(base)(ppo.init_train_state(base, pdef, params, ref, key), traj)
+    big, m1 = compiled_update(base)(optim.init_train_state(base, pdef, params, ref, key), traj)
     micro = base.replace(micro_batch=4)
-    small, m4 = compiled_update(micro)(ppo.init_train_state(micro, pdef, params, ref, key), traj)
+    small, m4 = compiled_update(micro)(optim.init_train_state(micro, pdef, params, ref, key), traj)
     assert float(m1["grad_norm"]) > 1e-3
     for k in ("loss", "policy_loss", "value_loss", "grad_norm", "entropy", "clip_frac"):
         assert float(m4[k]) == pytest.approx(float(m1[k]), rel=1e-4, abs=1e-6), k
@@ -200,7 +208,7 @@ def test_micro_batches_give_the_big_batch_update():
     assert moved > 1e-4  # the update did something
     with pytest.raises(ValueError, match="micro_batch=5 does not divide the minibatch of 16"):
         ppo.make_update(base.replace(micro_batch=5), pdef)(
-            ppo.init_train_state(base, pdef, params, ref, key), traj)
+            optim.init_train_state(base, pdef, params, ref, key), traj)
     with pytest.raises(ValueError, match="micro_batch"):
         base.replace(micro_batch=4, grad_accum_steps=2)
 
@@ -224,7 +232,7 @@ def mem_setup():
 def _update_temp_bytes(mem_setup, chunk):
     pdef, params, ref, traj = mem_setup
     cfg = ppo.PPOConfig(ppo_epochs=1, logits_chunk=chunk, temperature=1.0)
-    st = ppo.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
+    st = optim.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
     return ppo.make_update(cfg, pdef).lower(st, traj).compile().memory_analysis() \
         .temp_size_in_bytes
 

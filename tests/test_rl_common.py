@@ -12,7 +12,8 @@ import numpy as np
 from jaxsocial.generation import grammar as grammar_lib
 from jaxsocial.generation import sampling as sampling_lib
 from jaxsocial.models import llama
-from jaxsocial.rl import buffer, grpo, policy as policy_lib, ppo
+from jaxsocial.rl import buffer, grpo, ppo
+from jaxsocial.rl import policy as policy_lib
 
 
 def tiny_config(**kw):
@@ -100,7 +101,7 @@ def rollout(pdef, params, ref_params, cfg, key, prompt, prompt_mask, n, score_fn
 
     With per-step masks `allowed [B, n, V]` the trajectory stores FSM states of an equivalent
     grammar (`grammar_from_masks`) and the result is (traj, gen_lp, grammar)."""
-    scfg = policy_lib._sampling(cfg, n)
+    scfg = policy_lib.sampling_config(cfg, n)
     weights = policy_lib.policy_weights(pdef, params, ref_params)
     toks, gen_lp = sample_responses(pdef.graphdef, weights, prompt, prompt_mask, key, scfg, n,
                                    allowed)

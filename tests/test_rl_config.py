@@ -6,7 +6,7 @@ import jax
 import ml_collections
 import pytest
 
-from jaxsocial.rl import common, grpo, ppo
+from jaxsocial.rl import common, grpo, optim, ppo
 from jaxsocial.train import defaults
 
 FIXED = dict(stop_token_ids=(2,), temperature=0.9, top_k=3, top_p=0.8)
@@ -129,7 +129,7 @@ def test_adaptive_kl_starts_from_kl_coef():
     assert cfg.initial_kl_coef == 0.07
     from test_rl_common import tiny_policy
     pdef, params, ref = tiny_policy("head")
-    state = ppo.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
+    state = optim.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
     assert float(state.kl.coef) == pytest.approx(0.07)
     assert ppo.PPOConfig(adaptive_kl=True, kl_coef=0.07, adaptive_kl_init=0.2) \
         .initial_kl_coef == 0.2  # an explicit start still wins

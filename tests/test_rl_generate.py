@@ -5,13 +5,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_rl_common import (
+    PPO_FIRST,
+    RESP,
+    VOCAB,
+    compiled_update,
+    score,
+    standard_prompts,
+    tiny_policy,
+)
 
 from jaxsocial.generation import Repeat, compile_grammar, free_text, generate
 from jaxsocial.generation import grammar as grammar_lib
-from jaxsocial.rl import buffer, ppo
-
-from test_rl_common import (PPO_FIRST, RESP, VOCAB, compiled_update, score, standard_prompts,
-                            tiny_policy)
+from jaxsocial.rl import buffer, optim
+from jaxsocial.rl import policy as policy_lib
 
 END = 2
 
@@ -22,7 +29,7 @@ def test_first_ratio_is_one_against_generate():
     model = nnx.merge(pdef.graphdef, params["policy"])
     cfg = PPO_FIRST
     assert cfg.stop_token_ids == (END,)
-    scfg = ppo.sampling_config(cfg, RESP)
+    scfg = policy_lib.sampling_config(cfg, RESP)
     prompt, pmask = standard_prompts()
     gram = compile_grammar([[[7], Repeat(tuple(range(10, 20)), 1, 3),
                              free_text(12, exclude=(0, 1, END))]], VOCAB, end_token_ids=(END,))
@@ -38,7 +45,7 @@ def test_first_ratio_is_one_against_generate():
     np.testing.assert_allclose(np.asarray(lp)[rmask], np.asarray(out.logprobs)[rmask], atol=1e-5)
     # Update straight from the generator's log-probs: the first (only) step has ratio 1.
     traj = traj.replace(old_logprobs=out.logprobs, ref_logprobs=ref_lp, values=values)
-    state = ppo.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
+    state = optim.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
     new, metrics = compiled_update(cfg)(state, traj, gram)
     assert float(metrics["ratio"]) == pytest.approx(1.0, abs=1e-5)
     assert abs(float(metrics["approx_kl"])) < 1e-8

@@ -4,10 +4,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-
-from jaxsocial.rl import buffer, policy as policy_lib, ppo
-
 from test_rl_common import RESP, standard_prompts, tiny_policy
+
+from jaxsocial.rl import buffer, ppo
+from jaxsocial.rl import policy as policy_lib
 
 
 def _batch():

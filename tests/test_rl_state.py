@@ -1,17 +1,28 @@
-"""TrainState: orbax save/restore round trip; Trajectory dtypes; LoRA adapters."""
+"""TrainState: checkpoint (train/checkpointing) round trip; Trajectory dtypes; LoRA adapters."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_rl_common import (
+    GRPO_LEARN,
+    PPO_SMALL,
+    RESP,
+    TARGET,
+    compiled_update,
+    count_token,
+    rollout,
+    score,
+    standard_prompts,
+    tiny_config,
+    tiny_policy,
+)
 
 from jaxsocial.models import llama
-from jaxsocial.rl import buffer, grpo, lora as lora_lib, policy as policy_lib, ppo
-from jaxsocial.rl import state as state_lib
-
-from test_rl_common import (GRPO_LEARN, PPO_SMALL, RESP, TARGET, compiled_update,
-                            count_token, rollout, score, standard_prompts, tiny_config,
-                            tiny_policy)
+from jaxsocial.rl import buffer, optim, ppo
+from jaxsocial.rl import lora as lora_lib
+from jaxsocial.rl import policy as policy_lib
+from jaxsocial.train import checkpointing
 
 
 def _assert_trees_equal(a, b):
@@ -32,16 +43,18 @@ def test_orbax_round_trip(tmp_path, value_mode):
         cfg = GRPO_LEARN
         prompt, pmask = standard_prompts(group=cfg.group_size)
     update = compiled_update(cfg, value_mode)
-    state = ppo.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(7))
+    state = optim.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(7))
     traj, _ = rollout(pdef, params, ref, cfg, jax.random.PRNGKey(2), prompt, pmask, RESP,
                       count_token(TARGET))
-    state, _ = update(state, traj)  # non-trivial optimizer moments, KL coef, stats, rng
-    state_lib.save_state(tmp_path / "ckpt", state)
-    fresh = ppo.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
-    restored = state_lib.restore_state(tmp_path / "ckpt", fresh)
+    state, _ = update(state, traj)  # non-trivial optimizer moments, KL coef, stats, key
+    ckpt = checkpointing.Checkpointer(str(tmp_path))
+    ckpt.save(1, state, {"epoch": 1})
+    fresh = optim.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
+    restored, meta, _ = ckpt.restore(fresh)
+    assert meta == {"epoch": 1}
     _assert_trees_equal(restored, state)
     assert int(restored.step) == cfg.ppo_epochs * cfg.num_minibatches
-    # every leaf (params, optimizer moments, KL coef, reward stats, rng, counters) is equal,
+    # every leaf (params, optimizer moments, KL coef, reward stats, key, counters) is equal,
     # so the pure update continues identically. (Restored arrays are committed to a device:
     # the first update after a restore compiles once more; it does not retrace.)
 
@@ -79,7 +92,7 @@ def test_lora_trains_adapters_only_and_reference_is_base():
 
     cfg = ppo.PPOConfig(learning_rate=1e-2, temperature=1.0, ppo_epochs=2)
     prompt, pmask = standard_prompts()
-    state = ppo.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
+    state = optim.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
     traj, gen_lp = rollout(pdef, params, ref, cfg, jax.random.PRNGKey(2), prompt, pmask, RESP,
                            count_token(TARGET))
     np.testing.assert_allclose(np.asarray(traj.old_logprobs), np.asarray(gen_lp), atol=1e-5)

@@ -14,8 +14,9 @@ import jax
 import numpy as np
 import pytest
 from absl import flags
-
 from conftest import ONE_DEVICE_ENV, ROOT, load_launcher
+
+from jaxsocial.models import checkpoint_hf
 from jaxsocial.train import checkpointing, config_check, loop, runner, sharding
 
 SMOKE = os.path.join(ROOT, "configs", "demo.py") + ":smoke"
@@ -123,7 +124,7 @@ def test_truncated_safetensors_is_one_line(launcher, capsys, tmp_path):
     from jaxsocial.models import llama
     from jaxsocial.models.tokenizer import tiny_tokenizer
     ckpt = tmp_path / "ckpt"
-    llama.save_pretrained(llama.Llama(llama.preset("tiny"), rngs=nnx.Rngs(0)), str(ckpt))
+    checkpoint_hf.save_pretrained(llama.Llama(llama.preset("tiny"), rngs=nnx.Rngs(0)), str(ckpt))
     tiny_tokenizer().save_pretrained(str(ckpt))
     st = ckpt / "model.safetensors"
     os.truncate(st, 1000)

@@ -214,7 +214,7 @@ def _expect_once(w, n):
 
 
 def test_rebuilt_events_survive_a_writer_opened_in_the_same_second(tmp_path):
-    from jaxsocial.train import logging as log_lib
+    from jaxsocial.train import run_log as log_lib
     with log_lib.MetricWriter(str(tmp_path)) as mw:
         for e in (1, 2, 3):
             mw.write(e, {"epoch": e, "avg_likes_per_post": float(e)})

@@ -93,9 +93,10 @@ def test_empirical_frequencies_match_renormalised_probabilities(config):
     assert (freq[p == 0] == 0).all(), f"excluded tokens sampled: {freq}"
     np.testing.assert_array_less(np.abs(freq - p), tol + 1e-12)
     # The tolerance has power: plausible bugs sit far outside it.
-    wrong = [ref_probs(logits[None], 1.0, config.top_k, config.top_p)[0],          # no temperature
-             ref_probs(logits[None], config.temperature)[0],                       # no truncation
-             np.where(p > 0, ref_probs(logits[None], config.temperature)[0], 0)]   # no renormalising
+    untruncated = ref_probs(logits[None], config.temperature)[0]
+    wrong = [ref_probs(logits[None], 1.0, config.top_k, config.top_p)[0],  # no temperature
+             untruncated,                                                  # no truncation
+             np.where(p > 0, untruncated, 0)]                              # no renormalising
     for q in wrong:
         assert np.abs(q - p).max() > 4 * tol.max()
 

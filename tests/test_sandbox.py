@@ -313,3 +313,42 @@ def test_without_the_view_the_host_files_are_visible(monkeypatch):
         pytest.skip("the checkout is under /tmp, which the sandbox always replaces by a tmpfs")
     r = sandbox.run(f"print(len(open({path!r}).read()) > 0)", **LIMITS)
     assert (r.status, r.stdout) == ("passed", "True\n")
+
+
+def test_view_plan_binds_read_only_and_hides(tmp_path):
+    """The init's filesystem view, as the operations it performs (no privileges needed)."""
+    from jaxsocial.eval import sandbox_init as si
+    d, f = tmp_path / "lib", tmp_path / "python"
+    d.mkdir()
+    f.write_text("")
+    view = [("bind", str(d)), ("bind", str(f)), ("dev", "/dev/null"),
+            ("link", "/usr/bin/python3", str(f)), ("hide", "/etc")]
+    ops = si.view_plan(view, tmpfs_kb=2048, new="/new")
+    mounts = [o for o in ops if o[0] == "mount"]
+    assert mounts[0][2] == "/new" and mounts[0][3] == b"tmpfs"          # the new root first
+    assert mounts[-1] == ("mount", None, "/new", None,
+                          si.MS_REMOUNT | si.MS_RDONLY | si.MS_NOSUID | si.MS_NODEV, None)
+    for src, nodev in ((str(d), True), (str(f), True), ("/dev/null", False)):
+        i = ops.index(("mount", src.encode(), "/new" + src, None, si.MS_BIND, None))
+        remount = ops[i + 1]  # every bind is made read-only and nosuid right away
+        assert remount[:3] == ("mount", None, "/new" + src)
+        assert remount[4] & si.MS_RDONLY and remount[4] & si.MS_NOSUID
+        assert bool(remount[4] & si.MS_NODEV) == nodev                 # devices stay usable
+    assert ("touch", "/new" + str(f)) in ops and ("mkdir", "/new" + str(d)) in ops
+    assert ("symlink", str(f), "/new/usr/bin/python3") in ops
+    assert ("mount", b"tmpfs", "/new/etc", b"tmpfs",
+            si.MS_RDONLY | si.MS_NOSUID | si.MS_NODEV | si.MS_NOEXEC, b"size=4k,mode=755") in ops
+    for d_ in ("/tmp", "/dev/shm"):
+        assert ("mount", b"tmpfs", "/new" + d_, b"tmpfs", si.MS_NOSUID | si.MS_NODEV,
+                b"size=2048k,mode=1777") in ops
+    with pytest.raises(si.Failed, match="unknown view entry"):
+        si.view_plan([("copy", "/x")], tmpfs_kb=1)
+
+
+def test_init_source_is_the_module():
+    """What runs in the child is the linted module's text, and it imports nothing of ours."""
+    from jaxsocial.eval import sandbox_init
+    with open(sandbox_init.__file__, encoding="utf-8") as fh:
+        assert sandbox._INIT_SOURCE == fh.read()
+    assert "jaxsocial" not in "".join(line for line in sandbox._INIT_SOURCE.splitlines()
+                                      if line.startswith(("import", "from")))

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from jaxsocial.social import society
-from jaxsocial.social.actions import (ActionType as T, Reason, apply_actions, empty_actions,
-                                      make_actions)
+from jaxsocial.social.actions import ActionType as T
+from jaxsocial.social.actions import Reason, apply_actions, empty_actions, make_actions
 from jaxsocial.social.state import PostKind, ReactionKind
 
 N, P, F, B = 6, 32, 4, 8
@@ -181,8 +181,9 @@ def _records_of(state):
 def mk(params, type, actor, target=None, content=None, embedding=None, valid=None, size=B):
     """make_actions padded with valid=False rows to a fixed batch size (one compile)."""
     n = len(type)
-    pad = lambda x, v: None if x is None else np.concatenate(
-        [np.asarray(x), np.full((size - n,) + np.shape(x)[1:], v, np.asarray(x).dtype)])
+    def pad(x, v):
+        return None if x is None else np.concatenate(
+            [np.asarray(x), np.full((size - n,) + np.shape(x)[1:], v, np.asarray(x).dtype)])
     valid = np.ones(n, bool) if valid is None else valid
     emb = np.ones((n, params.embed_dim)) if embedding is None else embedding
     return make_actions(params, pad(type, 0), pad(actor, 0), pad(target, -1), pad(content, 0),
@@ -270,7 +271,8 @@ def test_batch_equals_one_at_a_time_without_conflicts(apply1, state0):
         np.testing.assert_array_equal(getattr(seq.posts, name), getattr(bat.posts, name), name)
     for name in ("num_followers", "num_following", "last_post"):
         np.testing.assert_array_equal(getattr(seq.users, name), getattr(bat.users, name), name)
-    as_sets = lambda g: [set(r[r >= 0].tolist()) for r in np.asarray(g)]
+    def as_sets(g):
+        return [set(r[r >= 0].tolist()) for r in np.asarray(g)]
     assert as_sets(seq.graph.following) == as_sets(bat.graph.following)
     assert as_sets(seq.graph.muted) == as_sets(bat.graph.muted)
     assert _records_of(seq) == _records_of(bat)

@@ -18,10 +18,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _traj(reward, tokens):
-    """A Trajectory [S, T, N] with given rewards and tokens; other fields zero."""
+    """A RoundRecord [S, T, N] with given rewards and tokens; other fields zero."""
     reward = np.asarray(reward, np.float32)
     z = np.zeros(reward.shape)
-    return sl.Trajectory(reward=reward, pulled=z > -1, arm=z.astype(int), tokens=np.asarray(tokens),
+    return sl.RoundRecord(reward=reward, pulled=z > -1, arm=z.astype(int),
+                          tokens=np.asarray(tokens),
                          learn_kind=z, requested=z, learn_invalid=z > 0, forced=z > 0,
                          forced_applied=z > 0, regret=z,
                          copied_pull=z > 0, copied_beats_own=z > 0, deployed_via_copy=z > 0,
@@ -78,7 +79,8 @@ def test_student_t_pvalues_match_tables():
 # ----------------------------------------------------------------------------- env mechanics
 def _round(state, kind, target, learn_tokens, arm, exploit_tokens, params, key=0):
     n = params.num_agents
-    full = lambda v: jnp.broadcast_to(jnp.asarray(v, jnp.int32), (n,))
+    def full(v):
+        return jnp.broadcast_to(jnp.asarray(v, jnp.int32), (n,))
     la = sl.learn_action(full(kind), full(target), full(learn_tokens))
     ea = sl.exploit_action(full(arm), full(exploit_tokens))
     obs, state, info_l = sl.learn_jit(jax.random.key(key), state, la, params)
@@ -203,7 +205,8 @@ def closed_runs():
                      open_arms=False)
     keys = jax.random.split(jax.random.key(3), 3)
     solo = p.replace(social=False)
-    run = lambda pol, params: sl.rollout_batch(keys, pol, params, fast_compile=True)
+    def run(pol, params):
+        return sl.rollout_batch(keys, pol, params, fast_compile=True)
     runs = {"solo_ucb": run(bl.solo_ucb, solo),
             "hierarchical_ucb": run(bl.hierarchical_ucb, p),
             "hierarchical_ucb_solo": run(bl.hierarchical_ucb, solo),

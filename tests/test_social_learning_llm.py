@@ -81,7 +81,8 @@ def test_tiny_llm_end_to_end_pays_real_tokens(tiny_agent):
     run = tiny_agent.run(keys, p)
     assert run.malformed_learn == 0 and run.malformed_pull == 0  # grammar-constrained
     tok = tiny_agent.tokenizer
-    n_tok = lambda text: len(tok.encode(text, add_special_tokens=False)) + 1  # + <|eot_id|>
+    def n_tok(text):
+        return len(tok.encode(text, add_special_tokens=False)) + 1  # + <|eot_id|>
     tokens = np.asarray(run.traj.tokens)
     for t, (learn_texts, pull_texts) in enumerate(run.texts):
         for i in range(p.num_agents):

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from jaxsocial.social import metrics, society
-from jaxsocial.social.actions import ActionType as T, Reason, empty_actions, make_actions
+from jaxsocial.social.actions import ActionType as T
+from jaxsocial.social.actions import Reason, empty_actions, make_actions
 from jaxsocial.social.state import PostKind, ReactionKind
 
 A = 4  # LLM agents
@@ -147,7 +148,8 @@ def test_agent_actions_in_step_and_horizon_reward(run):
     final = states[-1]
     for t, pid in created:
         s = pid % 192
-        assert int(final.posts.author[s]) == 0 and (np.asarray(final.posts.tokens[s]) == t + 1).all()
+        assert int(final.posts.author[s]) == 0
+        assert (np.asarray(final.posts.tokens[s]) == t + 1).all()
         # reward from the per-tick deltas == likes_h frozen in the state
         from_deltas = sum(int(infos[u].like_delta[s]) for u in range(t, min(t + h, TICKS)))
         got, is_final, alive = society.horizon_likes(final, jnp.int32(pid), PARAMS)
@@ -216,3 +218,29 @@ def test_metrics_match_numpy(run):
                                          T.CREATE_COMMENT]].sum()
     assert m["agent_invalid"] == {"malformed": 1} and m["agent_invalid_total"] == 1
     assert m["agent_actions"] == 4
+
+
+def test_float_params_are_traced_and_sweep_under_vmap():
+    """The float fields of SocialParams are traced: vmap sweeps the crowd's activation rate
+    through reset and step in one program, equal to the runs with concrete values, and a new
+    value reuses reset's compiled program (sizes and choices stay static)."""
+    rates = [0.02, 0.2, 0.8]
+
+    def run(rate):
+        p = PARAMS.replace(activation_rate=rate)
+        s = society.reset(jax.random.key(0), p)
+        s, info = society.step(jax.random.key(1), s, None, p)
+        return s.users.activity, info.crowd.num_active
+
+    activity, active = jax.jit(jax.vmap(run))(jnp.asarray(rates, jnp.float32))
+    means = np.asarray(activity).mean(axis=1)
+    active = np.asarray(active)
+    assert np.all(np.diff(means) > 0) and active[0] < active[1] <= active[2]
+    for i, r in enumerate(rates):
+        alone = society.reset(jax.random.key(0), PARAMS.replace(activation_rate=r))
+        np.testing.assert_allclose(np.asarray(activity[i]), np.asarray(alone.users.activity),
+                                   rtol=1e-6)
+    society.reset(jax.random.key(0), PARAMS.replace(activation_rate=0.33))
+    compiled = society.reset._cache_size()
+    society.reset(jax.random.key(0), PARAMS.replace(activation_rate=0.44, like_bias=-1.0))
+    assert society.reset._cache_size() == compiled

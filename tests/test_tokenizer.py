@@ -6,7 +6,8 @@ import os
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from jaxsocial.models import llama, tokenizer as tk
+from jaxsocial.models import llama
+from jaxsocial.models import tokenizer as tk
 
 
 @pytest.fixture(scope="module")

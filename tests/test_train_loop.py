@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
 from conftest import ONE_DEVICE_ENV
+
 from jaxsocial.train import checkpointing, loop, report, runner, sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

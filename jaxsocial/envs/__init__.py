@@ -1,10 +1,23 @@
 """jaxsocial.envs: the social-learning tournament (vectorised multi-agent bandit with a token
 budget), its baselines, metrics and LLM agents. See docs/social_learning.md."""
 from jaxsocial.envs import baselines, metrics, social_learning
-from jaxsocial.envs.social_learning import (Action, EnvParams, EnvState, ExploitAction,
-                                            LearnAction, Observation, Policy, Trajectory,
-                                            exploit, learn, reset, rollout, rollout_batch, step)
+from jaxsocial.envs.social_learning import (
+    Action,
+    EnvParams,
+    EnvState,
+    ExploitAction,
+    LearnAction,
+    Observation,
+    Policy,
+    RoundRecord,
+    exploit,
+    learn,
+    reset,
+    rollout,
+    rollout_batch,
+    step,
+)
 
 __all__ = ["Action", "EnvParams", "EnvState", "ExploitAction", "LearnAction", "Observation",
-           "Policy", "Trajectory", "baselines", "exploit", "learn", "metrics", "reset", "rollout",
+           "Policy", "RoundRecord", "baselines", "exploit", "learn", "metrics", "reset", "rollout",
            "rollout_batch", "social_learning", "step"]

@@ -26,7 +26,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsocial import generation
 from jaxsocial.envs import social_learning as sl
+from jaxsocial.generation import grammar as g
+from jaxsocial.generation.sampling import SamplingConfig
+from jaxsocial.models import loading
 
 SYSTEM_PROMPT = (
     "You are an agent in a multi-armed bandit game played by a population of agents. "
@@ -168,9 +172,9 @@ def parse_pull(text: str, num_arms: int) -> tuple[int, bool]:
 def action_grammars(tokenizer, num_agents: int, num_arms: int, social: bool, vocab_size: int,
                     end_token_id: int):
     """(learn grammar, pull grammar) over the tokenizer's canonical encodings of the formats."""
-    from jaxsocial.generation import grammar as g
 
-    enc = lambda s: tokenizer.encode(s, add_special_tokens=False)
+    def enc(s):
+        return tokenizer.encode(s, add_special_tokens=False)
     learn = [[g.Tokens(enc("LEARN: skip"))], [g.Tokens(enc("LEARN: innovate"))],
              [g.Tokens(enc("LEARN: revise"))]]
     if social:
@@ -199,7 +203,7 @@ class LLMAgentConfig:
 
 class LLMRun(NamedTuple):
     states: sl.EnvState  # final, leading seed axis S
-    traj: sl.Trajectory  # [S, T, ...]
+    traj: sl.RoundRecord  # [S, T, ...]
     malformed_learn: int
     malformed_pull: int
     truncated: int
@@ -223,25 +227,23 @@ class LLMAgent:
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
-        self.eot = int(tokenizer.convert_tokens_to_ids("<|eot_id|>"))
+        # The grammar ends an answer with the chat template's end-of-turn token; generation
+        # stops on any stop id of the one loader's rule.
+        self.stop_ids = loading.stop_token_ids(tokenizer, model.config)
+        eot = loading.end_of_turn_id(tokenizer)
+        self.eot = int(eot if eot is not None else tokenizer.eos_token_id)
         pad = tokenizer.pad_token_id
         self.pad = int(pad if pad is not None else model.config.pad_token_id or 0)
         self._grammars = {}
 
     @classmethod
     def load(cls, checkpoint: str, config: LLMAgentConfig = LLMAgentConfig()) -> "LLMAgent":
-        """checkpoint: an HF-style Llama directory, or "tiny" (random tiny demo model)."""
-        from flax import nnx
-
-        from jaxsocial.models import llama
-        if checkpoint == "tiny":
-            from jaxsocial.models.tokenizer import tiny_tokenizer
-            model = llama.Llama(llama.preset("tiny", dtype=config.dtype), rngs=nnx.Rngs(0))
-            return cls(model, tiny_tokenizer(), config)
+        """checkpoint: a checkpoint path (HF directory or GGUF) or a preset name ("tiny": the
+        random tiny demo model), read by the one loader (`models.load`)."""
         if not checkpoint:
             raise ValueError("llm.checkpoint is empty: give a Llama checkpoint directory or 'tiny'")
-        model = llama.from_pretrained(checkpoint, dtype=config.dtype)
-        return cls(model, llama.load_tokenizer(checkpoint, model), config)
+        model, tokenizer, _ = loading.load(checkpoint, dtype=config.dtype)
+        return cls(model, tokenizer, config)
 
     # ------------------------------------------------------------------ generation
     def encode(self, user_messages: Sequence[str]):
@@ -262,20 +264,18 @@ class LLMAgent:
 
     def complete(self, user_messages: Sequence[str], key, max_new_tokens: int, grammar=None):
         """-> (texts [B], lengths [B] int (tokens generated, stop included), truncated [B] bool)."""
-        from jaxsocial import generation
-        from jaxsocial.generation.sampling import SamplingConfig
 
         c = self.config
         cfg = SamplingConfig(max_new_tokens=max_new_tokens, temperature=c.temperature,
-                             top_p=c.top_p, stop_token_ids=(self.eot,),
+                             top_p=c.top_p, stop_token_ids=self.stop_ids,
                              prompt_bucket=c.prompt_bucket)
         ids, mask = self.encode(user_messages)
         out = generation.generate(self.model, jnp.asarray(ids), jnp.asarray(mask), key, cfg,
-                           grammar=grammar)
+                                  grammar=grammar)
         toks, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
         texts = [self.tokenizer.decode(toks[b, :lengths[b]].tolist(), skip_special_tokens=True)
                  for b in range(len(user_messages))]
-        stopped = np.array([lengths[b] > 0 and toks[b, lengths[b] - 1] == self.eot
+        stopped = np.array([lengths[b] > 0 and toks[b, lengths[b] - 1] in self.stop_ids
                             for b in range(len(user_messages))])
         return texts, lengths.astype(np.int32), ~stopped & (lengths >= max_new_tokens)
 
@@ -301,8 +301,10 @@ class LLMAgent:
             lambda k: jax.random.split(jax.random.fold_in(k, 7), params.num_rounds * 3))(keys)
         recs, samples, logs = [], [], []
         bad_learn = bad_pull = trunc = 0
-        host = lambda tree: jax.tree.map(np.asarray, tree)
-        pop = lambda tree, b: jax.tree.map(lambda x: x[b], tree)
+        def host(tree):
+            return jax.tree.map(np.asarray, tree)
+        def pop(tree, b):
+            return jax.tree.map(lambda x: x[b], tree)
         for t in range(params.num_rounds):
             obs = host(sl._obs(states))
             hstates = host(states)
@@ -352,6 +354,6 @@ class LLMAgent:
             ea = sl.ExploitAction(jnp.asarray(arm), jnp.asarray(lens.reshape(s_, n)))
             _, states, _, _, info_e = _EXPLOIT_B(step_keys[:, 3 * t + 2], states, ea, params)
             info = {**info_l, **info_e}
-            recs.append(sl.Trajectory(**{f: np.asarray(info[f]) for f in sl.Trajectory._fields}))
+            recs.append(sl.RoundRecord(**{f: np.asarray(info[f]) for f in sl.RoundRecord._fields}))
         traj = jax.tree.map(lambda *xs: np.stack(xs, axis=1), *recs)
         return LLMRun(states, traj, int(bad_learn), int(bad_pull), int(trunc), samples, logs)

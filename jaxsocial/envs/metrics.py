@@ -1,6 +1,6 @@
 """Metrics of the social-learning tournament (spec `social_learning.md`, "Metrics").
 
-Per population (one seed) from a `Trajectory` ([T, N] arrays) and the final `EnvState`:
+Per population (one seed) from a `RoundRecord` ([T, N] arrays) and the final `EnvState`:
 J_t = sum_{s <= t} mean_i r_{s,i} (cumulative per-agent mean reward), C_t = cumulative
 population tokens, reward per token, completion rate, regret, distinct independently discovered
 arms, diversity, lineage shares. Across seeds: mean +- SEM and the paired social-advantage at
@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import math
 
+import jax
 import numpy as np
 from jax.scipy.special import betainc
 
 from jaxsocial.envs import social_learning as sl
 
 
-def curves(traj: sl.Trajectory) -> tuple[np.ndarray, np.ndarray]:
+def curves(traj: sl.RoundRecord) -> tuple[np.ndarray, np.ndarray]:
     """Cost/reward curves with the origin prepended.
 
     traj [..., T, N] -> (C [..., T+1], J [..., T+1]) with
@@ -56,7 +57,7 @@ def reward_at_cost(cost: np.ndarray, reward: np.ndarray, c_star: float) -> float
     return float(reward[i] + frac * (reward[i + 1] - reward[i]))
 
 
-def matched_cost_advantage(social: sl.Trajectory, solo: sl.Trajectory) -> np.ndarray:
+def matched_cost_advantage(social: sl.RoundRecord, solo: sl.RoundRecord) -> np.ndarray:
     """dJ(C*) per seed [S]: C* = min(final C social, final C solo), J's interpolated at C*.
 
     social, solo: trajectories with leading seed axis [S, T, N], paired by seed.
@@ -110,7 +111,7 @@ def _exp_entropy(counts: np.ndarray) -> float:
     return float(np.exp(-(p * np.log(p)).sum()))
 
 
-def population_metrics(state: sl.EnvState, traj: sl.Trajectory, num_arms: int) -> dict:
+def population_metrics(state: sl.EnvState, traj: sl.RoundRecord, num_arms: int) -> dict:
     """Scalar metrics of ONE population (no seed axis). See module doc."""
     reward = np.asarray(traj.reward, np.float64)
     tokens = np.asarray(traj.tokens, np.float64)
@@ -148,11 +149,10 @@ def population_metrics(state: sl.EnvState, traj: sl.Trajectory, num_arms: int) -
 
 
 def _index(tree, i):
-    import jax
     return jax.tree.map(lambda x: np.asarray(x)[i], tree)
 
 
-def seed_metrics(states: sl.EnvState, trajs: sl.Trajectory, num_arms: int) -> list[dict]:
+def seed_metrics(states: sl.EnvState, trajs: sl.RoundRecord, num_arms: int) -> list[dict]:
     """`population_metrics` for every seed of a batched rollout (leading axis S)."""
     n = np.asarray(trajs.reward).shape[0]
     return [population_metrics(_index(states, i), _index(trajs, i), num_arms) for i in range(n)]
@@ -169,7 +169,7 @@ def summarize(per_seed: list[dict]) -> dict:
     return out
 
 
-def compare(social: sl.Trajectory, solo: sl.Trajectory) -> dict:
+def compare(social: sl.RoundRecord, solo: sl.RoundRecord) -> dict:
     """Paired social-vs-solo comparison over seeds.
 
     -> {"dJ_C": mean, "dJ_C_sem", "dJ_C_t", "dJ_C_p", "dJ_final": mean, "dJ_final_sem",

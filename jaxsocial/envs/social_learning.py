@@ -445,13 +445,13 @@ def learn(key, state: EnvState, action: LearnAction, params: EnvParams):
         [performed == INNOVATE, performed == REVISE, is_obs & ~miscopy, is_obs & miscopy],
         [ORIGIN_INNOVATED, ORIGIN_REVISED, ORIGIN_COPIED, ORIGIN_MISCOPIED], default=ORIGIN_NONE)
     src_root = state.root[target, jnp.maximum(obs_arm, 0)]
-    src_via = state.via_copy[target, jnp.maximum(obs_arm, 0)]
     par_root = state.root[agents, best]
     par_via = state.via_copy[agents, best]
     root_new = jnp.select([performed == REVISE, is_obs & ~miscopy], [par_root, src_root],
                           default=agents)
     via_new = jnp.select([performed == REVISE, is_obs & ~miscopy], [par_via, True], default=False)
-    col = lambda v: jnp.broadcast_to(v[:, None], (n, k))
+    def col(v):
+        return jnp.broadcast_to(v[:, None], (n, k))
     state = state.replace(
         known=known | onehot,
         est_sum=est_sum, est_count=est_count,
@@ -508,7 +508,8 @@ def exploit(key, state: EnvState, action: ExploitAction, params: EnvParams):
     onehot = (jnp.arange(k)[None, :] == safe[:, None]) & pulled[:, None]
     # Pulling a never-known arm (open_arms) is an independent discovery.
     new = onehot & ~state.known
-    col = lambda v: jnp.broadcast_to(v[:, None], (n, k))
+    def col(v):
+        return jnp.broadcast_to(v[:, None], (n, k))
     root_at = jnp.where(new.any(-1), agents, state.root[agents, safe])
 
     # Copied-vs-own-best, evaluated on true means at the pull.
@@ -584,7 +585,7 @@ class Policy(NamedTuple):
     update: Any
 
 
-class Trajectory(NamedTuple):
+class RoundRecord(NamedTuple):
     """Per-round records of one population, leading axis T (then N)."""
 
     reward: jax.Array  # [T, N]
@@ -617,7 +618,7 @@ def round_fn(key, state: EnvState, obs: Observation, pstate, policy: Policy, par
 
 
 def rollout(key, policy: Policy, params: EnvParams, seed=None):
-    """Play one population for T rounds. -> (final EnvState, Trajectory).
+    """Play one population for T rounds. -> (final EnvState, RoundRecord).
 
     The env is reset with `key` itself, so two policies rolled out with the same key face the
     same arm means and forced-search schedule (matched populations).
@@ -629,7 +630,7 @@ def rollout(key, policy: Policy, params: EnvParams, seed=None):
     def body(carry, k):
         state, obs, pstate = carry
         state, obs, pstate, info = round_fn(k, state, obs, pstate, policy, params)
-        rec = Trajectory(**{f: info[f] for f in Trajectory._fields})
+        rec = RoundRecord(**{f: info[f] for f in RoundRecord._fields})
         return (state, obs, pstate), rec
 
     keys = jax.random.split(k_run, params.num_rounds)
@@ -654,7 +655,7 @@ _rollout_batch_fast = jax.jit(_rollout_batch_impl, static_argnames=("policy",),
 def rollout_batch(keys, policy: Policy, params: EnvParams, fast_compile: bool = False):
     """Vectorised over populations (jitted; one program per policy and static settings).
 
-    keys [B] -> (EnvState with leading B, Trajectory [B, T, ...]). fast_compile: compile with
+    keys [B] -> (EnvState with leading B, RoundRecord [B, T, ...]). fast_compile: compile with
     `FAST_COMPILE` (tests, small runs) instead of full optimisation (benchmarks, sweeps).
     """
     params.validate()

@@ -25,8 +25,9 @@ def main(argv=None) -> None:
         names, path = offline_tasks.materialize(a.tasks.split(","), a.data_dir, a.out)
         print(f"--include_path {path} --tasks {','.join(names)}")
         return
-    import jaxsocial.eval.lm_eval_model  # noqa: F401  (registers "jaxsocial")
     from lm_eval.__main__ import cli_evaluate
+
+    import jaxsocial.eval.lm_eval_model  # noqa: F401  (registers "jaxsocial")
 
     sys.argv = ["lm_eval"] + argv
     cli_evaluate()

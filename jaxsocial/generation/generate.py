@@ -13,8 +13,8 @@ Shapes: B batch, P prompt bucket, N = max_new_tokens, S = P + N cache slots, V v
 
 After a row stops its tokens are `pad_token_id`, its mask is False and its log-probs 0. The
 log-probs are those of the sampling distribution (`sampling.token_logprobs`), so
-`recompute_logprobs` (one full forward over prompt + response with the same grammar masks)
-reproduces them: the PPO ratio of a fresh batch is 1.
+`scoring.recompute_logprobs` (one full forward over prompt + response with the same grammar
+masks, the path training uses) reproduces them: the PPO ratio of a fresh batch is 1.
 
 Compiled programs are cached per (graphdef, prompt bucket, batch, config, return_hidden,
 grammar or not); `TRACE_COUNTS` counts traces so tests can prove a call did not recompile.
@@ -25,7 +25,6 @@ from __future__ import annotations
 import collections
 from typing import Optional
 
-import chex
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -86,7 +85,8 @@ def _programs(graphdef, bucket: int, batch: int, config: SamplingConfig, return_
 def _build(graphdef, bucket: int, config: SamplingConfig, return_hidden: bool,
            has_grammar: bool):
     n = config.max_new_tokens
-    stops = np.asarray(config.stop_token_ids or (-1,), np.int32)  # numpy: no tracer if built inside a trace
+    # numpy, not jnp: no tracer when this is built inside a trace
+    stops = np.asarray(config.stop_token_ids or (-1,), np.int32)
 
     def prefill(state, input_ids, attention_mask):
         TRACE_COUNTS["prefill"] += 1
@@ -231,26 +231,3 @@ def generate(model: llama.Llama, input_ids: Array, attention_mask: Array, key: A
     _CONFIGS[graphdef] = model.config
     return generate_from_state(graphdef, state, input_ids, attention_mask, key, config,
                                grammar, return_hidden)
-
-
-def recompute_logprobs(model: llama.Llama, prompt_ids: Array, prompt_mask: Array,
-                       response_ids: Array, response_mask: Array, config: SamplingConfig,
-                       grammar: Optional[grammar_lib.Grammar] = None) -> Array:
-    """Re-score responses with one full forward: [B, N] float32 (0 where response_mask is 0).
-
-    logits of response token t = forward(concat(prompt, response))[:, P - 1 + t]; log-probs
-    under the sampling distribution with the grammar masks replayed by `grammar.step_masks`.
-    Differentiable in the model's parameters (this is the PPO log-prob).
-    """
-    chex.assert_rank([prompt_ids, response_ids], 2)
-    chex.assert_equal_shape([prompt_ids, prompt_mask])
-    chex.assert_equal_shape([response_ids, response_mask])
-    p, n = prompt_ids.shape[1], response_ids.shape[1]
-    ids = jnp.concatenate([prompt_ids, response_ids], axis=1).astype(jnp.int32)
-    mask = jnp.concatenate([prompt_mask.astype(bool), response_mask.astype(bool)], axis=1)
-    logits = model.forward(ids, mask).logits[:, p - 1:p - 1 + n]
-    allowed = None
-    if grammar is not None:
-        allowed = grammar_lib.step_masks(grammar, response_ids, response_mask)
-    lp = sampling.token_logprobs(logits, response_ids, config, allowed)
-    return jnp.where(response_mask.astype(bool), lp, 0.0)

@@ -1,10 +1,21 @@
-"""jaxsocial.models: the Llama-3 policy and its Hugging Face interface.
+"""jaxsocial.models: the Llama-3 policy and its checkpoint formats.
 
-- `llama`: Flax NNX Llama-3 family (config, presets, forward, KV cache) plus the public
-  `from_pretrained` / `save_pretrained` / `load_tokenizer` entry points.
-- `checkpoint_hf`: HF `config.json` <-> `LlamaConfig` and safetensors loading/saving.
-- `tokenizer`: the committed tiny byte-level BPE tokenizer (`tiny_tokenizer()`).
+- `load(path_or_preset) -> (model, tokenizer, stop_ids)`: the one loader (`loading.py`), used
+  by the training loop, the tournament's LLM agents and the lm-eval model.
+- `llama`: Flax NNX Llama-3 family (config, presets, forward, KV cache).
+- `checkpoint_hf`: Hugging Face I/O: `from_pretrained` (safetensors directories and GGUF
+  files), `save_pretrained`, `load_tokenizer`, config.json <-> `LlamaConfig`.
+- `gguf`: llama.cpp's GGUF format (dequantization, tokenizer from metadata); `hf_layout`: the
+  HF tensor names both readers fill.
+- `zoo`: pretrained models fetched on first use (`smollm2_135m_instruct()`).
+- `tokenizer`: the committed tiny byte-level BPE tokenizer (`tiny_tokenizer()`) and Llama-3.2's.
 
-Import the submodule you need (`from jaxsocial.models import llama`); nothing heavy is
-imported here.
+Import the submodule you need (`from jaxsocial.models import llama`); importing the package
+itself loads nothing heavy.
 """
+
+
+def load(path_or_preset, dtype=None, param_dtype=None, **kwargs):
+    """`loading.load`: -> (model, tokenizer, stop_ids) for a checkpoint path or a preset."""
+    from jaxsocial.models import loading  # deferred: `import jaxsocial.models` stays light
+    return loading.load(path_or_preset, dtype, param_dtype, **kwargs)

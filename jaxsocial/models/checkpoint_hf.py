@@ -16,13 +16,15 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Union
 
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
-from jaxsocial.models import llama
+from jaxsocial.models import gguf, hf_layout, llama
 
 PathLike = Union[str, os.PathLike]
 
@@ -67,9 +69,9 @@ def _rope_from_hf(d: Mapping[str, Any]) -> tuple:
         scaling = dict(d.get("rope_scaling") or {})
     rope_type = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
     scaling.pop("type", None)
-    if rope_type not in llama._SUPPORTED_ROPE_TYPES:
+    if rope_type not in llama.SUPPORTED_ROPE_TYPES:
         raise ValueError(f"unsupported rope type {rope_type!r}; supported: "
-                         f"{llama._SUPPORTED_ROPE_TYPES}")
+                         f"{llama.SUPPORTED_ROPE_TYPES}")
     if rope_type == "default":
         return float(theta), None
     return float(theta), {"rope_type": rope_type, **scaling}
@@ -172,38 +174,6 @@ def config_to_hf(config: llama.LlamaConfig) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# Parameter names
-
-
-class _Spec(NamedTuple):
-    hf_name: str
-    get: Callable[[llama.Llama], nnx.Variable]
-    transpose: bool  # HF [out, in] <-> ours [in, out]
-
-
-def _param_specs(config: llama.LlamaConfig) -> List[_Spec]:
-    """Every HF tensor of a LlamaForCausalLM with `config`, in checkpoint order."""
-    specs = [_Spec("model.embed_tokens.weight", lambda m: m.embed_tokens, False)]
-    for i in range(config.num_hidden_layers):
-        p = f"model.layers.{i}."
-        layer = lambda m, i=i: m.layers[i]  # noqa: E731
-        specs.append(_Spec(p + "input_layernorm.weight",
-                           lambda m, L=layer: L(m).input_layernorm.weight, False))
-        for n in ("q", "k", "v", "o"):
-            specs.append(_Spec(p + f"self_attn.{n}_proj.weight",
-                               lambda m, L=layer, n=n: getattr(L(m).self_attn, n + "_proj"), True))
-        specs.append(_Spec(p + "post_attention_layernorm.weight",
-                           lambda m, L=layer: L(m).post_attention_layernorm.weight, False))
-        for n in ("gate", "up", "down"):
-            specs.append(_Spec(p + f"mlp.{n}_proj.weight",
-                               lambda m, L=layer, n=n: getattr(L(m).mlp, n + "_proj"), True))
-    specs.append(_Spec("model.norm.weight", lambda m: m.norm.weight, False))
-    if not config.tie_word_embeddings:
-        specs.append(_Spec("lm_head.weight", lambda m: m.lm_head, True))
-    return specs
-
-
-# ----------------------------------------------------------------------------------------------
 # Loading
 
 
@@ -223,7 +193,6 @@ def _weight_map(path: str) -> Dict[str, str]:
     files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in checkpoint directory {path!r}")
-    from safetensors import safe_open
     out = {}
     for f in files:
         with safe_open(os.path.join(path, f), framework="numpy") as st:
@@ -232,33 +201,23 @@ def _weight_map(path: str) -> Dict[str, str]:
     return out
 
 
-def _default_dtypes(dtype, param_dtype) -> tuple:
-    if dtype is None and param_dtype is None:
-        return "float32", "float32"
-    dtype = llama.dtype_name(llama.as_dtype(dtype if dtype is not None else param_dtype))
-    param_dtype = llama.dtype_name(llama.as_dtype(param_dtype if param_dtype is not None
-                                                  else dtype))
-    return dtype, param_dtype
-
-
 def from_pretrained(path: PathLike, dtype: Any = None, param_dtype: Any = None) -> llama.Llama:
-    """Load an HF Llama directory into a `Llama` (see `llama.from_pretrained`). A `.gguf`
+    """Load an HF Llama directory into a `Llama`. A `.gguf`
     file, or a directory holding one and no config.json, goes to `gguf.from_gguf`.
 
     `dtype` is the compute dtype and `param_dtype` the storage dtype: float32 for both by
     default; giving only one sets both. Tensors of any stored dtype (f32, bf16, f16) are cast.
     """
-    from safetensors import safe_open
-    from jaxsocial.models import gguf
+
 
     gguf_file = gguf.find_gguf(path)
     if gguf_file is not None:
         return gguf.from_gguf(gguf_file, dtype=dtype, param_dtype=param_dtype)
     path = _checkpoint_dir(path)
-    dtype, param_dtype = _default_dtypes(dtype, param_dtype)
+    dtype, param_dtype = hf_layout.default_dtypes(dtype, param_dtype)
     config = config_from_hf(path).replace(dtype=dtype, param_dtype=param_dtype)
     weight_map = _weight_map(path)
-    specs = _param_specs(config)
+    specs = hf_layout.param_specs(config)
 
     for spec in specs:
         if spec.hf_name not in weight_map:
@@ -274,7 +233,7 @@ def from_pretrained(path: PathLike, dtype: Any = None, param_dtype: Any = None) 
 
     model = nnx.eval_shape(lambda: llama.Llama(config, rngs=nnx.Rngs(0)))
     target = jnp.dtype(llama.as_dtype(param_dtype))
-    by_file: Dict[str, List[_Spec]] = {}
+    by_file: Dict[str, List[hf_layout.TensorSpec]] = {}
     for spec in specs:
         by_file.setdefault(weight_map[spec.hf_name], []).append(spec)
     for file, file_specs in by_file.items():
@@ -313,7 +272,6 @@ def save_pretrained(model: llama.Llama, path: PathLike,
     `model-0000i-of-0000n.safetensors` plus `model.safetensors.index.json`. Weight files of an
     earlier save in the same directory are replaced. Peak extra memory: one shard.
     """
-    from safetensors.numpy import save_file
 
     if max_shard_bytes <= 0:
         raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
@@ -324,8 +282,8 @@ def save_pretrained(model: llama.Llama, path: PathLike,
         if f in (SINGLE_FILE, INDEX_FILE) or re.fullmatch(r"model-\d+-of-\d+\.safetensors", f):
             os.remove(os.path.join(path, f))
 
-    specs = _param_specs(config)
-    shards: List[List[_Spec]] = [[]]
+    specs = hf_layout.param_specs(config)
+    shards: List[List[hf_layout.TensorSpec]] = [[]]
     size = 0
     total = 0
     for spec in specs:
@@ -369,8 +327,8 @@ def load_tokenizer(path: PathLike, model: Optional[Union[llama.Llama, llama.Llam
     With `model` (a Llama or LlamaConfig), raises ValueError when the tokenizer has more tokens
     (`len(tokenizer)`, special tokens included) than the model's embedding has rows.
     """
-    from transformers import AutoTokenizer
-    from jaxsocial.models import gguf
+    from transformers import AutoTokenizer  # deferred: heavy, only tokenizers need it
+
 
     gguf_file = gguf.find_gguf(path)
     if gguf_file is not None:

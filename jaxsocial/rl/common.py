@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from ml_collections import config_dict
+
 KL_ESTIMATORS = ("k1", "k2", "k3")
 LR_SCHEDULES = ("constant", "cosine")
 
@@ -20,7 +22,7 @@ ROLLOUT_FIELDS = ("stop_token_ids", "temperature", "top_k", "top_p")
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-    """Shared PPO / GRPO knobs (defaults from spec/ppo.md; subclasses override some)."""
+    """Shared PPO / GRPO knobs (defaults: docs/rl.md, "Defaults"; subclasses override some)."""
 
     # optimizer: optax.chain(clip_by_global_norm(max_grad_norm), adamw(schedule))
     learning_rate: float = 3e-6
@@ -125,7 +127,6 @@ def config_fields(cls=OptimConfig, names=None) -> dict:
     """{name: default} of `cls`'s fields `names` (default: the shared base fields), with
     Optional defaults (None) as typed ml_collections placeholders so that `--config.rl.x=...`
     can set them from the command line."""
-    from ml_collections import config_dict
 
     names = base_field_names() if names is None else names
     out = {}
@@ -151,7 +152,7 @@ LOOP_SET = {"stop_token_ids": "the tokenizer's stop tokens", "temperature": "rol
 
 
 def _algo_classes():
-    from jaxsocial.rl import grpo, ppo
+    from jaxsocial.rl import grpo, ppo  # a real cycle: both import this module
     return {"ppo": ppo.PPOConfig, "grpo": grpo.GRPOConfig}
 
 

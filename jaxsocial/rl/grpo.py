@@ -15,7 +15,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxsocial.rl import common, ppo
+from jaxsocial.rl import common, losses, optim
+from jaxsocial.rl import policy as policy_lib
 from jaxsocial.rl import state as state_lib
 from jaxsocial.rl.buffer import Trajectory, check_trajectory
 
@@ -24,7 +25,7 @@ LOSS_AGGREGATIONS = ("token_mean", "seq_mean")
 
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig(common.OptimConfig):
-    """GRPO knobs; defaults from spec/ppo.md. The optimizer, update structure, surrogate, KL
+    """GRPO knobs (defaults: docs/rl.md, "Defaults"). The optimizer, update structure, surrogate, KL
     and sampling fields come from `common.OptimConfig` (GRPO's own defaults below)."""
 
     # shared fields with GRPO defaults (1 epoch: one gradient step per fresh batch, as TRL)
@@ -88,14 +89,10 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, cfg: GRPOC
     m = mask.astype(jnp.float32)
     if denom is None:
         denom = {"tokens": jnp.maximum(jnp.sum(m), 1.0), "rows": jnp.float32(m.shape[0])}
-    eps_high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
-    a = advantages[:, None]
-    log_ratio = logprobs - old_logprobs
-    ratio = jnp.exp(log_ratio)
-    unclipped = -a * ratio
-    clipped = -a * jnp.clip(ratio, 1.0 - cfg.clip_eps, 1.0 + eps_high)
-    pg = jnp.maximum(unclipped, clipped)
-    kl = ppo.kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator)
+    pg, surrogate_stats = losses.clipped_surrogate(logprobs, old_logprobs, advantages[:, None],
+                                                   mask, cfg.clip_eps, cfg.clip_eps_high,
+                                                   denom["tokens"])
+    kl = losses.kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator)
     per_token = pg + cfg.kl_coef * kl
 
     if cfg.loss_aggregation == "token_mean":
@@ -106,25 +103,17 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, cfg: GRPOC
             return jnp.sum(jnp.sum(x * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1.0)) \
                 / denom["rows"]
     loss = agg(per_token)
-    stats = {
-        "policy_loss": agg(pg),
-        "kl_loss": agg(kl),
-        "clip_frac": jnp.sum((clipped > unclipped).astype(jnp.float32) * m) / denom["tokens"],
-        "approx_kl": jnp.sum((ratio - 1.0 - log_ratio) * m) / denom["tokens"],
-        "ratio": jnp.sum(ratio * m) / denom["tokens"],
-    }
-    return loss, stats
+    return loss, dict(surrogate_stats, policy_loss=agg(pg), kl_loss=agg(kl))
 
 
 def make_update(cfg: GRPOConfig, pdef, donate: bool = False,
-                grammar=None) -> ppo.CompiledUpdate:
+                grammar=None) -> optim.CompiledUpdate:
     """The jitted GRPO update(state, batch, grammar=None) -> (state, metrics); batch rows in
-    groups of cfg.group_size; grammar: the rollout's when batch.fsm_states is set. Metrics: loss, policy_loss, kl_loss, entropy, approx_kl, clip_frac,
-    kl_ref, score_mean, score_std_in_group, adv_abs_mean, grad_norm, learning_rate,
-    skipped_steps, nonfinite_skips."""
-    from jaxsocial.rl import policy as policy_lib
-
-    tx, schedule = ppo.make_optimizer(cfg)
+    groups of cfg.group_size; grammar: the rollout's when batch.fsm_states is set. Metrics:
+    loss, policy_loss, kl_loss, entropy, approx_kl, clip_frac, ratio, kl_ref, score_mean,
+    score_std_in_group, adv_abs_mean, grad_norm, learning_rate, skipped_steps,
+    nonfinite_skips."""
+    tx, schedule = optim.make_optimizer(cfg)
 
     def loss_fn(params, ref_params, rows, denom, grammar):
         b = rows["batch"]
@@ -133,35 +122,32 @@ def make_update(cfg: GRPOConfig, pdef, donate: bool = False,
                                   grammar=grammar)
         loss, stats = grpo_loss(out.logprobs, b.old_logprobs, b.ref_logprobs, rows["adv"],
                                 rows["mask"], cfg, denom)
-        ent = ppo.masked_sum(out.entropy, rows["mask"]) / denom["tokens"]
+        ent = losses.masked_sum(out.entropy, rows["mask"]) / denom["tokens"]
         loss = loss - cfg.ent_coef * ent
         return loss, dict(stats, entropy=ent)
 
     def update(train_state: state_lib.TrainState, batch: Trajectory, grammar=None):
         check_trajectory(batch)
         mask = batch.response_mask
-        scores = batch.scores
-        if cfg.missing_stop_penalty and cfg.stop_token_ids:
-            stopped = ppo.has_stop_token(batch.response_tokens, mask, cfg.stop_token_ids)
-            scores = scores - jnp.where(stopped, 0.0, cfg.missing_stop_penalty)
+        scores = losses.stop_penalized(batch.scores, batch.response_tokens, mask,
+                                       cfg.stop_token_ids, cfg.missing_stop_penalty)
         adv = group_advantages(scores, cfg.group_size, cfg.std_eps, cfg.scale_rewards,
                                cfg.std_ddof)
-        rng, key = jax.random.split(train_state.rng)
+        next_key, key = jax.random.split(train_state.key)
         rows = {"batch": batch, "adv": adv, "mask": mask}
-        new_state, metrics = ppo.run_epochs(
+        new_state, metrics = optim.run_epochs(
             lambda *a: loss_fn(*a, grammar), tx, schedule, train_state, rows,
             epochs=cfg.ppo_epochs, num_minibatches=cfg.num_minibatches,
             grad_accum_steps=cfg.grad_accum_steps, micro_batch=cfg.micro_batch, key=key)
         g = scores.reshape(-1, cfg.group_size)
         metrics.update(
-            kl_ref=jnp.mean(jnp.sum(ppo.kl_penalty(batch.old_logprobs, batch.ref_logprobs, "k1")
-                                    * mask, axis=-1)),
+            kl_ref=losses.sequence_kl(batch.old_logprobs, batch.ref_logprobs, mask),
             kl_coef=train_state.kl.coef,
             score_mean=jnp.mean(batch.scores),
             score_std_in_group=jnp.mean(jnp.std(g, axis=1)),
             adv_abs_mean=jnp.mean(jnp.abs(adv)),
             nonfinite_skips=new_state.nonfinite_skips.astype(jnp.float32),
         )
-        return new_state.replace(rng=rng), metrics
+        return new_state.replace(key=next_key), metrics
 
-    return ppo.CompiledUpdate(update, donate=donate, grammar=grammar)
+    return optim.CompiledUpdate(update, donate=donate, grammar=grammar)

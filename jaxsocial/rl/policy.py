@@ -5,9 +5,11 @@ sequence position P - 1 + t predict response token t, and the value of the state
 token t is read from the hidden state at the same position. Log-probs are taken under the
 *sampling* distribution (`jaxsocial.generation.sampling.log_probs`: grammar mask,
 temperature, top-k, top-p) — the same function the generator uses, so the first PPO ratio
-on a fresh rollout is 1. They are computed in chunks of response positions (`token_stats`:
-`lax.scan` + remat), so no [B, R, V] logits array exists in scoring or in the update; the
-grammar mask of each step is rebuilt from the trajectory's FSM states and the grammar tables.
+on a fresh rollout is 1. They are computed by `generation.scoring` (the one re-scoring path,
+which `generation.recompute_logprobs` also runs): in chunks of response positions
+(`scoring.token_stats`: `lax.scan` + remat), so no [B, R, V] logits array exists in scoring or
+in the update; the grammar mask of each step is rebuilt from the trajectory's FSM states and
+the grammar tables.
 
 Value modes: "head" (a scalar head on the policy trunk's final hidden states, trained
 through the trunk), "critic" (a separate Llama trunk + head), "none" (GRPO).
@@ -21,7 +23,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from jaxsocial.generation import grammar as grammar_lib
 from jaxsocial.generation import sampling as sampling_lib
+from jaxsocial.generation import scoring
+from jaxsocial.rl import lora as lora_lib
 from jaxsocial.rl.buffer import Trajectory
 
 VALUE_MODES = ("head", "critic", "none")
@@ -90,7 +95,6 @@ def init_policy(model, key=None, *, value_mode: str = "head", critic=None, lora=
     else:
         value = None
     if lora is not None:
-        from jaxsocial.rl import lora as lora_lib
         if key is None:
             raise ValueError("init_policy with lora needs a PRNG key for the adapters")
         policy = lora_lib.init_adapters(weights, lora, key)
@@ -104,7 +108,6 @@ def init_policy(model, key=None, *, value_mode: str = "head", critic=None, lora=
 def policy_weights(pdef: PolicyDef, params, ref_params):
     """The weights the policy forward uses (base + LoRA delta when LoRA is on)."""
     if pdef.lora is not None:
-        from jaxsocial.rl import lora as lora_lib
         return lora_lib.merge(ref_params, params["policy"], pdef.lora)
     return params["policy"]
 
@@ -115,93 +118,13 @@ def _sequence(batch: Trajectory):
     return ids, mask
 
 
-def _response_slice(x, p: int, r: int):
-    """Positions P - 1 .. P + R - 2: the states that predict response tokens 0 .. R - 1."""
-    return jax.lax.slice_in_dim(x, p - 1, p - 1 + r, axis=1)
-
-
 def _forward(graphdef, weights, ids, mask, p: int, r: int):
-    """-> (hidden [B, R, H] of the response positions, unembedding matrix [H, V]).
-
-    No logits here: the forward's full-length logits are unused (XLA drops them) and the LM
-    head is applied chunk by chunk in `token_stats`, so no [B, R, V] array exists.
-    """
-    model = nnx.merge(graphdef, weights)
-    hidden = _response_slice(model.forward(ids, mask).hidden, p, r)
-    w = model.embed_tokens[...].T if model.lm_head is None else model.lm_head[...]
-    return hidden, w
+    """-> (hidden [B, R, H] of the response positions, unembedding matrix [H, V])."""
+    return scoring.response_hidden(nnx.merge(graphdef, weights), ids, mask, p, r)
 
 
 def _values(head, hidden):
     return hidden.astype(jnp.float32) @ head["kernel"] + head["bias"]
-
-
-# The auto chunk keeps one [rows, chunk, V] float32 logits block near this size.
-AUTO_CHUNK_BYTES = 64 * 2 ** 20
-
-
-def resolve_chunk(chunk: int, rows: int, length: int, vocab: int) -> int:
-    """Positions per chunk: `chunk` (capped at `length`) or, for chunk <= 0, the largest that
-    keeps a [rows, chunk, vocab] float32 block within AUTO_CHUNK_BYTES, balanced so the last
-    chunk is (nearly) full."""
-    if chunk and chunk > 0:
-        c = min(int(chunk), length)
-    else:
-        c = max(1, min(length, AUTO_CHUNK_BYTES // max(rows * vocab * 4, 1)))
-    n = -(-length // c)
-    return -(-length // n)
-
-
-def token_stats(hidden: jax.Array, unembed: jax.Array, tokens: jax.Array, scfg, *,
-                grammar=None, states: Optional[jax.Array] = None, chunk: int = 0,
-                with_entropy: bool = False, entropy_grad: bool = False):
-    """Sampled-token log-probs (and entropy) of the sampling distribution, in sequence chunks.
-
-    hidden [B, R, H] (final-normed), unembed [H, V], tokens [B, R] int32; grammar + states
-    [B, R] int32: the FSM whose `allowed[states[b, t]]` masks step t. Returns (logprobs
-    [B, R] float32, entropy [B, R] float32 or None).
-
-    A `lax.scan` over chunks of `chunk` positions (`resolve_chunk`) projects each chunk to the
-    vocabulary, rebuilds its grammar masks from the FSM table and reduces to [B, chunk]; the
-    body is rematerialised (`jax.checkpoint`), so neither pass keeps more than one
-    [B, chunk, V] block alive. Same values as `sampling.token_logprobs` on the full logits.
-    Entropy is differentiable only with entropy_grad=True.
-    """
-    b, r, _ = hidden.shape
-    v = unembed.shape[-1]
-    if (grammar is None) != (states is None):
-        raise ValueError("token_stats needs both grammar and states, or neither")
-    c = resolve_chunk(chunk, b, r, v)
-    n = -(-r // c)
-    pad = n * c - r
-
-    def split(x):  # [B, R, ...] -> [n, B, c, ...]
-        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-        return jnp.moveaxis(x.reshape((b, n, c) + x.shape[2:]), 1, 0)
-
-    xs = {"h": split(hidden), "tok": split(tokens.astype(jnp.int32))}
-    if states is not None:
-        xs["state"] = split(states.astype(jnp.int32))
-    table = None if grammar is None else grammar.allowed
-
-    def body(w, table, x):
-        logits = jnp.matmul(x["h"], w.astype(x["h"].dtype), preferred_element_type=jnp.float32)
-        allowed = None if table is None else table[x["state"]]
-        lp_all = sampling_lib.log_probs(logits, scfg, allowed)
-        lp = jnp.take_along_axis(lp_all, x["tok"][..., None], axis=-1)[..., 0]
-        ent = None
-        if with_entropy:
-            e = lp_all if entropy_grad else jax.lax.stop_gradient(lp_all)
-            ent = -jnp.sum(jnp.exp(e) * e, axis=-1)
-        return lp, ent
-
-    step = jax.checkpoint(body, prevent_cse=False)
-    _, (lp, ent) = jax.lax.scan(lambda carry, x: (carry, step(unembed, table, x)), None, xs)
-
-    def join(y):  # [n, B, c] -> [B, R]
-        return jnp.moveaxis(y, 0, 1).reshape(b, n * c)[:, :r]
-
-    return join(lp), None if ent is None else join(ent)
 
 
 def _grammar_states(batch: Trajectory, grammar):
@@ -212,7 +135,6 @@ def _grammar_states(batch: Trajectory, grammar):
         return None
     if batch.fsm_states is not None:
         return batch.fsm_states
-    from jaxsocial.generation import grammar as grammar_lib
     return grammar_lib.step_states(grammar, batch.response_tokens, batch.response_mask)
 
 
@@ -231,13 +153,13 @@ def evaluate(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, *,
     p, r = batch.prompt_len, batch.response_len
     if p < 1:
         raise ValueError("the prompt must have at least one slot (the token before the response)")
-    scfg = _sampling(cfg, r)
+    scfg = sampling_config(cfg, r)
     states = _grammar_states(batch, grammar)
     ids, mask = _sequence(batch)
     hidden, w = _forward(pdef.graphdef, policy_weights(pdef, params, ref_params), ids, mask, p, r)
-    logprobs, entropy = token_stats(hidden, w, batch.response_tokens, scfg, grammar=grammar,
-                                    states=states, chunk=_chunk(cfg), with_entropy=with_entropy,
-                                    entropy_grad=entropy_grad)
+    logprobs, entropy = scoring.token_stats(hidden, w, batch.response_tokens, scfg,
+                                            grammar=grammar, states=states, chunk=_chunk(cfg),
+                                            with_entropy=with_entropy, entropy_grad=entropy_grad)
     values = None
     if with_values and pdef.has_values:
         if pdef.value_mode == "head":
@@ -256,8 +178,8 @@ def reference_logprobs(pdef: PolicyDef, ref_params, batch: Trajectory, cfg,
     states = _grammar_states(batch, grammar)
     ids, mask = _sequence(batch)
     hidden, w = _forward(pdef.graphdef, ref_params, ids, mask, p, r)
-    return token_stats(hidden, w, batch.response_tokens, _sampling(cfg, r), grammar=grammar,
-                       states=states, chunk=_chunk(cfg))[0]
+    return scoring.token_stats(hidden, w, batch.response_tokens, sampling_config(cfg, r),
+                               grammar=grammar, states=states, chunk=_chunk(cfg))[0]
 
 
 def score_batch(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, grammar=None):
@@ -279,7 +201,9 @@ def _chunk(cfg) -> int:
     return int(getattr(cfg, "logits_chunk", 0) or 0)
 
 
-def _sampling(cfg, r: int):
+def sampling_config(cfg, r: int):
+    """The generation SamplingConfig (r new tokens) matching the RL config's sampling
+    distribution; a SamplingConfig passes through."""
     if isinstance(cfg, sampling_lib.SamplingConfig):
         return cfg
     return sampling_lib.SamplingConfig(max_new_tokens=r, temperature=cfg.temperature,

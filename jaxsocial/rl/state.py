@@ -2,11 +2,10 @@
 
 Static things (the model's graphdef, the optimizer) are not in the state: they live in the
 closure built by `ppo.make_update` / `grpo.make_update`, so every leaf here is an array and
-orbax can save and restore the whole state with `save_state` / `restore_state`.
+the run's checkpointer (`train.checkpointing.Checkpointer`) saves and restores it whole.
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
@@ -67,7 +66,7 @@ class TrainState:
     kl              KLState (fixed or adaptive beta)
     reward_stats    RunningStats of episode scores (used when reward normalisation is on)
     step            int32: optimizer steps applied (skipped steps are not counted)
-    rng             uint32 [2] PRNG key (raw, so orbax saves it as a plain array)
+    key             uint32 [2] PRNG key (raw, so orbax saves it as a plain array)
     nonfinite_skips int32: optimizer steps skipped by the NaN/inf guard
     """
 
@@ -77,7 +76,7 @@ class TrainState:
     kl: KLState
     reward_stats: RunningStats
     step: jax.Array
-    rng: jax.Array
+    key: jax.Array
     nonfinite_skips: jax.Array
 
 
@@ -95,22 +94,7 @@ def create_train_state(params, ref_params, tx, key, kl_coef: float) -> TrainStat
         kl=KLState(coef=jnp.asarray(kl_coef, jnp.float32)),
         reward_stats=init_running_stats(),
         step=jnp.zeros((), jnp.int32),
-        rng=jnp.asarray(key, jnp.uint32),
+        key=jnp.asarray(key, jnp.uint32),
         nonfinite_skips=jnp.zeros((), jnp.int32),
     )
 
-
-def save_state(path, state: TrainState) -> None:
-    """Save with orbax (blocking). `path` must not exist yet."""
-    import orbax.checkpoint as ocp
-    ckptr = ocp.StandardCheckpointer()
-    ckptr.save(os.path.abspath(os.fspath(path)), state)
-    ckptr.wait_until_finished()
-
-
-def restore_state(path, like: TrainState) -> TrainState:
-    """Restore a state saved by `save_state`; `like` gives the structure, shapes and dtypes
-    (e.g. a freshly created state, or `jax.eval_shape` of one)."""
-    import orbax.checkpoint as ocp
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-    return ocp.StandardCheckpointer().restore(os.path.abspath(os.fspath(path)), abstract)

@@ -23,8 +23,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxsocial.social.state import (EMPTY, PAD_TOKEN, PostKind, ReactionKind, SocialParams,
-                                    SocialState, normalize)
+from jaxsocial.social.state import (
+    EMPTY,
+    PAD_TOKEN,
+    PostKind,
+    ReactionKind,
+    SocialParams,
+    SocialState,
+    normalize,
+)
 
 
 class ActionType(enum.IntEnum):
@@ -155,8 +162,9 @@ def make_actions(params: SocialParams, type, actor, target=None, content=None, e
     `[B, d]` default 0)."""
     type = jnp.asarray(type, jnp.int32)
     b = type.shape[0]
-    fill = lambda x, shape, dt, v: (jnp.full(shape, v, dt) if x is None
-                                    else jnp.asarray(x, dt).reshape(shape))
+    def fill(x, shape, dt, v):
+        return (jnp.full(shape, v, dt) if x is None
+                                        else jnp.asarray(x, dt).reshape(shape))
     return ActionBatch(
         type=type, actor=fill(actor, (b,), jnp.int32, 0), target=fill(target, (b,), jnp.int32, -1),
         content=fill(content, (b, params.content_len), jnp.int32, PAD_TOKEN),
@@ -250,7 +258,8 @@ def apply_actions(state: SocialState, actions: ActionBatch, params: SocialParams
 
     type_ok = (t >= 0) & (t < NUM_TYPES)
     tc = jnp.clip(t, 0, NUM_TYPES - 1)
-    lookup = lambda table: jnp.asarray(table)[tc]
+    def lookup(table):
+        return jnp.asarray(table)[tc]
     needs_post, needs_comment, needs_user = (lookup(_NEEDS_POST) > 0, lookup(_NEEDS_COMMENT) > 0,
                                              lookup(_NEEDS_USER) > 0)
     fam, direction, creates = lookup(_FAMILY), lookup(_DIRECTION), lookup(_CREATES) > 0
@@ -314,8 +323,10 @@ def apply_actions(state: SocialState, actions: ActionBatch, params: SocialParams
     # Removals first (they free entries), then the r-th free entry of the row for the r-th insert.
     rem = (reason == Reason.OK) & keyed & (direction < 0)
     rem_f, rem_m, rem_r = rem & (fam == FAM_FOLLOW), rem & (fam == FAM_MUTE), rem & is_rec
-    drop_row = lambda m: jnp.where(m, actor, n)  # out-of-bounds row -> scatter dropped
-    first_true = lambda m: jnp.argmax(m, axis=1).astype(jnp.int32)
+    def drop_row(m):
+        return jnp.where(m, actor, n)  # out-of-bounds row -> scatter dropped
+    def first_true(m):
+        return jnp.argmax(m, axis=1).astype(jnp.int32)
     following = graph.following.at[drop_row(rem_f), first_true(fmatch)].set(EMPTY, mode="drop")
     muted = graph.muted.at[drop_row(rem_m), first_true(mmatch)].set(EMPTY, mode="drop")
     react_post = mem.react_post.at[drop_row(rem_r), first_true(rmatch)].set(EMPTY, mode="drop")
@@ -345,13 +356,15 @@ def apply_actions(state: SocialState, actions: ActionBatch, params: SocialParams
 
     # --- counters (segment sums over the batch; on the effective post)
     eslot = posts.slot(eff)
-    pdrop = lambda m: jnp.where(m & targets_post, eslot, cap)
+    def pdrop(m):
+        return jnp.where(m & targets_post, eslot, cap)
     signed = jnp.where(direction > 0, 1, -1)
     like_delta = jnp.zeros((cap,), jnp.int32).at[pdrop(ok & (fam == FAM_LIKE))].add(
         signed, mode="drop")
     dislike_delta = jnp.zeros((cap,), jnp.int32).at[pdrop(ok & (fam == FAM_DISLIKE))].add(
         signed, mode="drop")
-    count = lambda m: jnp.zeros((cap,), jnp.int32).at[pdrop(ok & m)].add(1, mode="drop")
+    def count(m):
+        return jnp.zeros((cap,), jnp.int32).at[pdrop(ok & m)].add(1, mode="drop")
     new_posts = posts.replace(
         likes=posts.likes + like_delta, dislikes=posts.dislikes + dislike_delta,
         reposts=posts.reposts + count(t == T.REPOST),
@@ -374,7 +387,8 @@ def apply_actions(state: SocialState, actions: ActionBatch, params: SocialParams
     is_comment = cr & (t == T.CREATE_COMMENT)
     last_comment = posts.last_comment.at[jnp.where(is_comment, eslot, cap)].max(
         new_id, mode="drop")
-    put = lambda arr, v: arr.at[cslot].set(v, mode="drop")
+    def put(arr, v):
+        return arr.at[cslot].set(v, mode="drop")
     new_posts = new_posts.replace(
         id=put(new_posts.id, new_id), kind=put(new_posts.kind, lookup(_NEW_KIND)),
         author=put(new_posts.author, actor), parent=put(new_posts.parent, parent),

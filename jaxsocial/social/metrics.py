@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsocial.social.actions import ActionType, CREATING_TYPES, INVALID_REASONS, Reason
+from jaxsocial.social.actions import CREATING_TYPES, INVALID_REASONS, ActionType, Reason
 from jaxsocial.social.society import StepInfo
 from jaxsocial.social.state import PostKind, SocialParams, SocialState
 

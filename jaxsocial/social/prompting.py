@@ -369,8 +369,9 @@ def assemble(template: PromptTemplate, agent_ids: Array, feed: FeedView) -> Tupl
                        feed.comment_author, feed.comment_likes], (b, k))
     chex.assert_equal_shape([feed.tokens, feed.comment_tokens])
     t = template
-    fixed = lambda piece, on=None: (_bcast(piece, b), jnp.full((b,), piece.shape[0], jnp.int32)
-                                    if on is None else jnp.where(on, piece.shape[0], 0))
+    def fixed(piece, on=None):
+        return (_bcast(piece, b), jnp.full((b,), piece.shape[0], jnp.int32)
+                                        if on is None else jnp.where(on, piece.shape[0], 0))
     pieces = [fixed(t.head), (t.persona[agent_ids], t.persona_len[agent_ids]), fixed(t.middle)]
     for j in range(k):
         on = feed.valid[:, j]

@@ -32,8 +32,14 @@ from flax import struct
 
 from jaxsocial.social import recsys, text_bank
 from jaxsocial.social.actions import ActionBatch, ActionType, ApplyInfo, apply_actions
-from jaxsocial.social.state import (EMPTY, PAD_TOKEN, ReactionKind, SocialParams, SocialState,
-                                    normalize)
+from jaxsocial.social.state import (
+    EMPTY,
+    PAD_TOKEN,
+    ReactionKind,
+    SocialParams,
+    SocialState,
+    normalize,
+)
 
 T = ActionType
 
@@ -62,7 +68,7 @@ def crowd_step(key: jax.Array, state: SocialState, params: SocialParams
                ) -> tuple[SocialState, CrowdInfo]:
     """One tick of crowd behaviour (activation, feeds, reactions, apply).  Pure, jittable."""
     posts = state.posts
-    n, k = params.num_users, params.feed_size
+    k = params.feed_size
     k_act, k_feed, k_draw, k_emb = jax.random.split(key, 4)
     users, num_active, act_over = activate(k_act, state, params)
     a = users.shape[0]
@@ -105,7 +111,8 @@ def crowd_step(key: jax.Array, state: SocialState, params: SocialParams
                  & (state.users.num_following[u] < params.max_following))
 
     # Flatten candidate events, then compact the drawn ones into the fixed-size batch.
-    rep = lambda x: jnp.repeat(x, k)
+    def rep(x):
+        return jnp.repeat(x, k)
     ev_type = jnp.concatenate([
         jnp.full((a * k,), T.LIKE_POST), jnp.full((a * k,), T.DISLIKE_POST),
         jnp.full((a,), T.CREATE_POST), jnp.full((a,), T.REPOST), jnp.full((a,), T.QUOTE_POST),

@@ -1,13 +1,15 @@
-"""The society environment, gymnax shape: `reset(key, params)`, `step(key, state, actions,
-params) -> (state, info)`.  Pure and jittable; `jax.vmap` over independent societies works on
-(key, state, actions) with shared params.
+"""The society environment: `reset(key, params) -> state`, `step(key, state, actions, params)
+-> (state, info)`.  Pure and jittable; `jax.vmap` works over independent societies (key, state,
+actions) and over the float fields of `params` (a sweep; sizes and choices are static).
+
+Not gymnax's contract: the society has no single agent, so `step` returns no observation,
+reward or done. Observations are feeds (`observe`), rewards are likes within a horizon
+(`horizon_likes`, `StepInfo.like_delta`); the training loop composes them.
 
 A step: apply the LLM agents' action batch (any size, possibly empty) -> crowd reactions on the
 updated state -> freeze horizon likes -> advance the clock.
 """
 from __future__ import annotations
-
-import functools
 
 import chex
 import jax
@@ -15,11 +17,23 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxsocial.social import recsys, text_bank
-from jaxsocial.social.actions import (NUM_REASONS, NUM_TYPES, ActionBatch, ApplyInfo,
-                                      apply_actions, empty_actions)
+from jaxsocial.social.actions import (
+    NUM_REASONS,
+    NUM_TYPES,
+    ActionBatch,
+    ApplyInfo,
+    apply_actions,
+    empty_actions,
+)
 from jaxsocial.social.reactions import CrowdInfo, crowd_step
-from jaxsocial.social.state import (EMPTY, PostKind, SocialParams, SocialState, empty_state,
-                                    normalize)
+from jaxsocial.social.state import (
+    EMPTY,
+    PostKind,
+    SocialParams,
+    SocialState,
+    empty_state,
+    normalize,
+)
 from jaxsocial.social.text_bank import CrowdText, TextBank
 
 
@@ -58,15 +72,16 @@ def _follow_targets(key, n, shape, power):
     return jax.random.permutation(k_perm, n).astype(jnp.int32)[rank]
 
 
-@functools.partial(jax.jit, static_argnums=1)
+@jax.jit
 def reset(key: jax.Array, params: SocialParams, text: CrowdText | None = None,
           interests: TextBank | None = None, agent_interest: jax.Array | None = None
           ) -> SocialState:
     """Initial population: personas (cluster ids) with interest embeddings around persona centres,
     log-normal activity rates, a scale-free-ish follow graph (out-degree log-normal around
     `init_following`, in-degree ~ Zipf(follow_power)), and `num_seed_posts` seed posts by random
-    users created over the last `seed_max_age` ticks.  Cost O(N F + S d).  Jitted (params
-    static); `params.validate()` runs at trace time.
+    users created over the last `seed_max_age` ticks.  Cost O(N F + S d).  Jitted: the float
+    fields of `params` are traced (one program for any values), sizes and choices are static;
+    `params.validate()` runs at trace time.
 
     Grounded in text (all optional, see `text_bank`):
     - `interests` (descriptions' embeddings [Nd, d] + topics): each user draws a description

@@ -229,8 +229,10 @@ def empty_state(params: SocialParams) -> SocialState:
     p = params.validate()
     n, d, cap, ln = p.num_users, p.embed_dim, p.post_capacity, p.content_len
     i32 = jnp.int32
-    full = lambda shape: jnp.full(shape, EMPTY, i32)
-    zeros = lambda shape: jnp.zeros(shape, i32)
+    def full(shape):
+        return jnp.full(shape, EMPTY, i32)
+    def zeros(shape):
+        return jnp.zeros(shape, i32)
     users = Users(
         persona=zeros((n,)), interest=jnp.zeros((n, d), jnp.float32),
         activity=jnp.zeros((n,), jnp.float32), num_followers=zeros((n,)),

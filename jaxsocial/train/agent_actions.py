@@ -123,7 +123,8 @@ def parse(vocab: ActionVocab, tokens: Array, mask: Array, content_len: int) -> P
     head = jnp.where(mask[:, :w], tokens[:, :w], -2)  # -2 never equals a prefix entry
     pref = vocab.prefixes[:, :w]
     j = jnp.arange(w)
-    ok_tok = (head[:, None, :] == pref[None]) | (j[None, None, :] >= vocab.prefix_len[None, :, None])
+    ok_tok = ((head[:, None, :] == pref[None])
+              | (j[None, None, :] >= vocab.prefix_len[None, :, None]))
     match = ok_tok.all(-1) & (vocab.prefix_len[None, :] <= w)  # [B, M]
     best = jnp.argmax(jnp.where(match, vocab.prefix_len[None, :], -1), axis=1)
     parsed = match.any(axis=1)

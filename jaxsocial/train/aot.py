@@ -35,6 +35,10 @@ import numpy as np
 from flax import nnx
 
 from jaxsocial.models import llama
+from jaxsocial.rl import buffer as buffer_lib
+from jaxsocial.rl import optim
+from jaxsocial.rl import policy as policy_lib
+from jaxsocial.rl import ppo as ppo_lib
 from jaxsocial.train import loop, memory, sharding
 
 GiB = 1024 ** 3
@@ -258,9 +262,6 @@ def abstract_update(model_config: llama.LlamaConfig, rl_config, mesh, *, rows: i
     """The PPO update alone, for an abstract policy of `model_config` on `mesh`:
     -> (update fn, (train state, batch) as sharded ShapeDtypeStructs). No grammar; the batch
     along the data axes, the weights by the logical-axis rules (as the loop places them)."""
-    from jaxsocial.rl import buffer as buffer_lib
-    from jaxsocial.rl import policy as policy_lib
-    from jaxsocial.rl import ppo as ppo_lib
 
     box = {}
 
@@ -268,7 +269,7 @@ def abstract_update(model_config: llama.LlamaConfig, rl_config, mesh, *, rows: i
         model = llama.Llama(model_config, rngs=nnx.Rngs(0))
         pdef, params, ref = policy_lib.init_policy(model, key, lora=lora)
         box["pdef"] = pdef
-        return ppo_lib.init_train_state(rl_config, pdef, params, ref, key)
+        return optim.init_train_state(rl_config, pdef, params, ref, key)
     train = jax.eval_shape(init, jax.random.key(0))
     pdef = box["pdef"]
     _, model_state = nnx.split(nnx.eval_shape(lambda: llama.Llama(model_config,

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from jax.experimental import multihost_utils
 
 CHECKSUM_KEY = "checksums"
 
@@ -253,7 +254,6 @@ class Checkpointer:
                 shutil.rmtree(dest, ignore_errors=True)
             shutil.move(os.path.join(self.directory, str(step)), dest)
         if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
             multihost_utils.sync_global_devices(f"quarantine checkpoint {step}")
         self._manager.close()
         self._manager = self._make_manager()  # it caches the step list

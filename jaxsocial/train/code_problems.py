@@ -24,6 +24,8 @@ from typing import List, Sequence
 
 import numpy as np
 
+from jaxsocial.eval import sandbox
+
 # Each problem: the post text, the function's name, and (args, expected) cases as JSON values.
 PROBLEMS = (
     dict(text="Problem: write square(x) returning x times x.", name="square",
@@ -154,7 +156,6 @@ def verify(answers: Sequence[str], problem_ids: Sequence[int], timeout_s: float 
     """[M] bool: answer m's function returns the expected output on every case of problem
     problem_ids[m], judged on the host from the values read back over the sandbox's result
     channel (a timed-out or over-long run earns nothing)."""
-    from jaxsocial.eval import sandbox
 
     answers, problem_ids = list(answers), list(problem_ids)
     if len(answers) != len(problem_ids):

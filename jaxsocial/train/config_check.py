@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Tuple
 import ml_collections
 
 from jaxsocial.rl.rewards import NORMALIZE_MODES
+from jaxsocial.social import society
 
 # Keys that may differ between a run and its resumption. Everything else (model, agents,
 # society, rollout, reward, rl, code, seed, tokenizer) changes shapes or semantics.
@@ -137,7 +138,6 @@ def check(config: ml_collections.ConfigDict) -> None:
     at_least("rl.ppo_epochs", 1, 1)
     at_least("rl.lr", 0, 0.0)
     if not problems and "society" in config:
-        from jaxsocial.social import society  # SocialParams' own checks (no compile)
         try:
             society.make_params(**dict(config.society), num_agents=int(agents),
                                 reward_horizon=int(num("reward.horizon", 1)))

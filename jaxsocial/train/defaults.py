@@ -1,6 +1,8 @@
 """Defaults shared by every Social-RL config (configs/*.py override what they need)."""
 import ml_collections
 
+from jaxsocial.rl import common as rl_common
+
 PERSONAS = (
     "You are Ada, a software engineer who loves open-source tools and clean code.",
     "You are Bo, a home cook who shares quick recipes and kitchen tips.",
@@ -58,7 +60,6 @@ def base_config() -> ml_collections.ConfigDict:
     # whole minibatch), logits_chunk=0 (auto), clip_eps=0.2, kl_coef=0.05 (adaptive_kl: its
     # start), lr_schedule, clip_eps_high, kl_target, loss_aggregation, ... Sampling fields come
     # from c.rollout, reward_norm from c.reward.normalize.
-    from jaxsocial.rl import common as rl_common
     c.rl = ml_collections.ConfigDict(dict(
         algo="ppo",          # "ppo" | "grpo"
         value_mode="head",   # PPO critic: "head" | "critic"

@@ -27,11 +27,16 @@ import ml_collections
 import numpy as np
 from flax import nnx, struct
 
+from jaxsocial import models
+from jaxsocial.generation import grammar as grammar_lib
 from jaxsocial.generation.generate import generate_from_state
 from jaxsocial.generation.sampling import SamplingConfig
-from jaxsocial.models import llama
+from jaxsocial.models import checkpoint_hf, llama, zoo
 from jaxsocial.rl import buffer as buffer_lib
+from jaxsocial.rl import common as rl_common
 from jaxsocial.rl import grpo as grpo_lib
+from jaxsocial.rl import lora as lora_lib
+from jaxsocial.rl import optim
 from jaxsocial.rl import policy as policy_lib
 from jaxsocial.rl import ppo as ppo_lib
 from jaxsocial.rl import rewards as rewards_lib
@@ -39,7 +44,7 @@ from jaxsocial.rl.state import TrainState
 from jaxsocial.social import prompting, society, text_bank
 from jaxsocial.social.actions import ActionType
 from jaxsocial.social.state import SocialState, normalize
-from jaxsocial.train import agent_actions, code_problems, config_check, memory, sharding
+from jaxsocial.train import agent_actions, code_problems, config_check, memory, report, sharding
 
 Array = jax.Array
 
@@ -79,38 +84,17 @@ class Rollout:
     crowd_posts: Array      # [T + S] int32 posts created by the crowd per recorded tick
 
 
-def _tokenizer(config):
-    from jaxsocial.models.tokenizer import tiny_tokenizer
-    path = config.tokenizer or config.model.checkpoint
-    return tiny_tokenizer() if not path else llama.load_tokenizer(path)
-
-
-def _model(config, tokenizer) -> llama.Llama:
+def _load(config):
+    """-> (model, tokenizer, stop_ids) through the one loader (`models.load`): the checkpoint,
+    or a random `model.preset` with `config.tokenizer` (default: the tiny tokenizer)."""
     m = config.model
     if m.get("require_checkpoint", False) and not m.checkpoint:
         raise ValueError(f"config {config.name!r} needs --config.model.checkpoint=/path/to/a "
                          f"Hugging Face Llama directory; for a CPU run without weights use "
                          f"--config=configs/demo.py")
-    if m.checkpoint:
-        model = llama.from_pretrained(m.checkpoint, dtype=m.dtype, param_dtype=m.param_dtype)
-        model.config = model.config.replace(remat=bool(m.remat))
-    else:
-        cfg = llama.preset(m.preset, dtype=m.dtype, param_dtype=m.param_dtype,
-                           remat=bool(m.remat))
-        model = llama.Llama(cfg, rngs=nnx.Rngs(int(config.seed)))
-    if len(tokenizer) > model.config.vocab_size:
-        raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the model's embedding has "
-                         f"{model.config.vocab_size} rows")
-    return model
-
-
-def _stop_ids(tokenizer) -> Tuple[int, ...]:
-    ids = {tokenizer.convert_tokens_to_ids(t) for t in ("<|eot_id|>", "<|end_of_text|>")}
-    ids.discard(None)
-    ids.discard(tokenizer.unk_token_id)
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return tuple(sorted(int(i) for i in ids))
+    return models.load(m.checkpoint or m.preset, dtype=m.dtype, param_dtype=m.param_dtype,
+                       tokenizer=config.tokenizer or None, seed=int(config.seed),
+                       remat=bool(m.remat))
 
 
 class _BindGrammar:
@@ -140,8 +124,7 @@ class SocialRL:
             raise ValueError(f"agents.action_mode={c.agents.action_mode!r}; choose "
                              f"'constrained' or 'free'")
         self.mesh = mesh if mesh is not None else sharding.make_mesh(tuple(c.mesh.shape))
-        self.tokenizer = _tokenizer(c)
-        model = _model(c, self.tokenizer)
+        model, self.tokenizer, self.stop_ids = _load(c)
         self.model_config = model.config
         a = int(c.agents.num_agents)
         if a < 1:
@@ -165,7 +148,6 @@ class SocialRL:
             names=[c.agents.names[i % len(c.agents.names)] for i in range(a)]
             if c.agents.names else None, newest_comment=bool(c.agents.newest_comment),
             num_users=self.params.num_users)
-        self.stop_ids = _stop_ids(self.tokenizer)
         self.vocab = agent_actions.ActionVocab.build(self.tokenizer, c.agents.actions,
                                                      self.params.feed_size, self.stop_ids)
         n_new = int(c.rollout.max_new_tokens)
@@ -185,7 +167,6 @@ class SocialRL:
         self.rl_config = self._rl_config(c)
         lora = None
         if int(c.rl.lora_rank) > 0:
-            from jaxsocial.rl import lora as lora_lib
             lora = lora_lib.LoraConfig(rank=int(c.rl.lora_rank), alpha=float(c.rl.lora_alpha))
         pdef, params, ref = policy_lib.init_policy(
             model, jax.random.key(int(c.seed) + 1), lora=lora,
@@ -233,7 +214,6 @@ class SocialRL:
         pooled_jit = jax.jit(self._pooled)
         cache_key = cache_dir = None
         if c.model.checkpoint and t.get("cache", True):
-            from jaxsocial.models import zoo
             cache_key = repr(("pooled-v1", text_bank.files_key(c.model.checkpoint),
                               c.model.dtype, c.model.param_dtype))
             cache_dir = os.path.join(zoo.cache_dir(), "text_bank")
@@ -267,7 +247,6 @@ class SocialRL:
         """PPOConfig / GRPOConfig from `c.rl`: every dataclass field under its own name
         (`rl_common.from_run_config`; unknown keys are one error naming them). Sampling comes
         from c.rollout and the tokenizer, PPO's reward_norm from c.reward.normalize."""
-        from jaxsocial.rl import common as rl_common
         group = int(c.rl.get("group_size", 0) or 0)
         if c.rl.algo == "grpo":
             # Default group = the agents acting in the same tick (a tick-level baseline): the
@@ -301,7 +280,7 @@ class SocialRL:
         """Fresh run: initial policy (= reference), society reset, keys from config.seed."""
         key = jax.random.key(int(self.config.seed))
         k_train, k_soc, k_loop = jax.random.split(key, 3)
-        train = ppo_lib.init_train_state(self.rl_config, self.pdef,
+        train = optim.init_train_state(self.rl_config, self.pdef,
                                          jax.tree.map(jnp.copy, self._init_params),
                                          self._init_ref, k_train)
         soc = society.reset(k_soc, self.params, self.crowd_text, self.interest_bank,
@@ -475,7 +454,6 @@ class SocialRL:
         if grammar is not None:
             # FSM states [B, N] int32, never [B, N, V] masks: the loss rebuilds each chunk's
             # allowed set from the grammar tables.
-            from jaxsocial.generation import grammar as grammar_lib
             batch = batch.replace(fsm_states=grammar_lib.step_states(
                 grammar, batch.response_tokens, batch.response_mask))
         lp, ref, values = policy_lib.score_batch(self.pdef, train.params, train.ref_params, batch,
@@ -550,7 +528,6 @@ class SocialRL:
         m.update(self._topic_metrics(np.asarray(ro.embedding)[is_post]))
         # Text drift of the epoch's posts (decoded on the host, action prefix "post:" /
         # "quote <n>:" cut) and the 3 most-liked posts (ties: earliest first) for summary.md.
-        from jaxsocial.train import report
         toks, tmask = np.asarray(ro.tokens), np.asarray(ro.mask)
         where = np.argwhere(is_post)  # (tick, row) in tick order
         texts = [self.tokenizer.decode(toks[t, b][tmask[t, b]], skip_special_tokens=True)
@@ -585,10 +562,10 @@ class SocialRL:
         return out
 
     def export_policy(self, state: RunState, path: str, write: bool = True) -> None:
-        """Write the current policy as a Hugging Face directory (`llama.save_pretrained`).
+        """Write the current policy as a Hugging Face directory (`checkpoint_hf.save_pretrained`).
         Multi-process: every process must call it (the weights are gathered); `write` only on
         one."""
         weights = policy_lib.policy_weights(self.pdef, state.train.params, state.train.ref_params)
         host = sharding.to_host(weights)
         if write:
-            llama.save_pretrained(nnx.merge(self.pdef.graphdef, host), path)
+            checkpoint_hf.save_pretrained(nnx.merge(self.pdef.graphdef, host), path)

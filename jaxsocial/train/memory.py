@@ -15,11 +15,12 @@ import dataclasses
 import math
 from typing import Dict, Optional, Sequence
 
+import jax
 import numpy as np
 from absl import logging
 
 from jaxsocial.models.llama import LlamaConfig, as_dtype
-from jaxsocial.train.sharding import AXES
+from jaxsocial.train.sharding import AXES, LOGICAL_AXIS_RULES
 
 GiB = 1024 ** 3
 
@@ -82,7 +83,6 @@ def _param_shapes(cfg: LlamaConfig) -> Dict[str, tuple]:
 
 
 def _shard_factor(shape, names, mesh: Dict[str, int]) -> int:
-    from jaxsocial.train.sharding import LOGICAL_AXIS_RULES
     used, factor = set(), 1
     for name, size in zip(names, shape):
         axes = LOGICAL_AXIS_RULES.get(name)
@@ -121,7 +121,8 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     reference. donate: the update's state is donated (its outputs reuse the argument buffers).
     rollout_sharded / score_sharded: whether the rollout's prompts / the scored trajectories
     are split along the data axes (as the loop does it; False: each device holds all rows).
-    logits_chunk_bytes: the largest [rows, chunk, V] float32 logits block (`policy.token_stats`).
+    logits_chunk_bytes: the largest [rows, chunk, V] float32 logits block
+    (`generation.scoring.token_stats`).
     update_sharded: whether the update's rows stay split along the data axes (False: as
     measured, each device computes the whole micro-batch); minibatch_rows: rows per optimizer
     step (global, default train_micro_batch).
@@ -147,7 +148,6 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     divides = lambda n: n % t == 0  # noqa: E731
     heads_l = cfg.num_attention_heads // (t if divides(cfg.num_attention_heads) else 1)
     kv_l = cfg.num_key_value_heads // (t if divides(cfg.num_key_value_heads) else 1)
-    i_l = i // (t if divides(i) else 1)
     value_head = (h + 1) * 4
     if lora_rank:
         # Adapters (float32, replicated) on q/k/v/o/gate/up/down; base frozen = reference.
@@ -234,6 +234,5 @@ def check_fits(est: MemoryEstimate, device_bytes: int, headroom: float = 0.9) ->
 
 def device_memory_bytes() -> Optional[int]:
     """Memory of the first local device, when the backend reports it (GPU/TPU)."""
-    import jax
     stats = getattr(jax.local_devices()[0], "memory_stats", lambda: None)()
     return None if not stats else stats.get("bytes_limit")

@@ -14,9 +14,10 @@ from typing import Any, Dict, Optional
 import jax
 import ml_collections
 from absl import logging
+from tqdm import tqdm
 
 from jaxsocial.train import checkpointing, config_check, loop, report, sharding
-from jaxsocial.train import logging as log_lib
+from jaxsocial.train import run_log as log_lib
 
 SUMMARY_KEYS = ("avg_likes_per_post", "zero_like_share", "positive_engagement_share",
                 "total_posts", "parse_failures", "reward_mean")
@@ -137,7 +138,6 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
     done_here = 0
     bar = None
     if progress:
-        from tqdm import tqdm
         bar = tqdm(total=epochs, initial=min(epoch, epochs), desc="social-rl", unit="epoch",
                    disable=not lead, file=progress_file, dynamic_ncols=True)
     writer = log_lib.MetricWriter(workdir) if lead else None

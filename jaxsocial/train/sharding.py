@@ -19,7 +19,9 @@ import jax
 import numpy as np
 from absl import logging
 from flax import nnx
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.experimental import multihost_utils
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 AXES = ("data", "fsdp", "tensor")
 
@@ -188,7 +190,6 @@ def to_host(tree: Any) -> Any:
     global value (an all-gather across processes when needed)."""
     if jax.process_count() == 1:
         return jax.device_get(tree)
-    from jax.experimental import multihost_utils
 
     def one(x):
         if isinstance(x, jax.Array) and not x.is_fully_addressable:

@@ -21,6 +21,7 @@ from typing import Any, Dict, Iterable, Mapping
 
 import numpy as np
 from absl import logging
+from tensorboardX import SummaryWriter
 
 
 def to_python(value: Any) -> Any:
@@ -59,7 +60,6 @@ class MetricWriter:
         self._samples = open(os.path.join(workdir, "samples.jsonl"), "a", encoding="utf-8")
         self._tb = None
         if tensorboard:
-            from tensorboardX import SummaryWriter
             self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> Dict[str, Any]:
@@ -141,7 +141,6 @@ def cut_logs(workdir: str, epoch: int, tensorboard: bool = True) -> int:
     if os.path.exists(tb_dir):
         shutil.rmtree(tb_dir)
     if tensorboard and kept_metrics:
-        from tensorboardX import SummaryWriter
         # Its own file-name suffix: tensorboardX names files by the second, so the writer
         # that opens next in the same second would otherwise overwrite the rebuilt events.
         with SummaryWriter(tb_dir, filename_suffix=".kept") as tb:

@@ -1,10 +1,10 @@
 r"""Rollout / update throughput of a Social-RL config: tokens/s, ticks/s, trajectories/s,
 PPO tokens/s, compile times, peak memory; optionally a jax.profiler trace.
 
-    python launch/profile.py --config=configs/demo.py
-    python launch/profile.py --config=configs/demo.py --config.mesh.shape='(8,1,1)'
-    python launch/profile.py --config=configs/general.py:smoke --trace_dir=/tmp/trace
-    python launch/profile.py --config=configs/general.py --config.model.preset=llama3_2_1b \
+    python launch/throughput.py --config=configs/demo.py
+    python launch/throughput.py --config=configs/demo.py --config.mesh.shape='(8,1,1)'
+    python launch/throughput.py --config=configs/general.py:smoke --trace_dir=/tmp/trace
+    python launch/throughput.py --config=configs/general.py --config.model.preset=llama3_2_1b \
         --config.model.require_checkpoint=False --peak_tflops=989   # e.g. one H200, bf16 dense
 
 Prints a table and writes --out (JSON). MFU = achieved model FLOP/s over --peak_tflops, with
@@ -12,21 +12,14 @@ Prints a table and writes --out (JSON). MFU = achieved model FLOP/s over --peak_
 value passes of the update: 2 * params each per token).
 """
 
-import os
-import sys
 
-# This file is named like the stdlib's `profile` (cProfile imports it): take launch/ off the
-# import path before anything imports cProfile.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-sys.path.insert(0, os.path.dirname(_HERE))
 
-import json  # noqa: E402
-import resource  # noqa: E402
-import time  # noqa: E402
+import json
+import resource
+import time
 
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import app, flags
+from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py", "Config file.",
                                           lock_config=True)

@@ -1,0 +1,98 @@
+"""One way to load a policy: `load(path_or_preset) -> (model, tokenizer, stop_ids)`.
+
+Used by the training loop, the tournament's LLM agents and the lm-eval model, so all three read
+checkpoints, pick tokenizers and stop generation by the same rule:
+
+- a path (a Hugging Face directory, a `.gguf` file or a directory holding one) is read by
+  `checkpoint_hf.from_pretrained`, its tokenizer by `checkpoint_hf.load_tokenizer`;
+- a preset name (`llama.PRESETS`: 'tiny', 'small_20m', ...) is a randomly initialised model
+  (`seed`) with the committed tiny tokenizer unless `tokenizer` is given;
+- stop ids (`stop_token_ids`) = the tokenizer's eos + the chat template's end-of-turn token +
+  the model config's own eos ids.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Tuple
+
+from flax import nnx
+
+from jaxsocial.models import checkpoint_hf, llama
+from jaxsocial.models.tokenizer import tiny_tokenizer
+
+_MARK = "Zq7"  # assistant content whose right neighbour in the chat template ends the turn
+
+
+def end_of_turn_id(tokenizer) -> Optional[int]:
+    """The special token the chat template puts right after an assistant message
+    (`<|eot_id|>` for Llama-3, `<|im_end|>` for ChatML), or None without a chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARK}],
+        tokenize=False)
+    after = text[text.rfind(_MARK) + len(_MARK):]
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
+    if not ids:
+        return None
+    first = int(ids[0])
+    added = getattr(tokenizer, "added_tokens_decoder", {}).get(first)
+    if first in set(tokenizer.all_special_ids) or (added is not None and added.special):
+        return first
+    return None
+
+
+def stop_token_ids(tokenizer, config: Optional[llama.LlamaConfig] = None) -> Tuple[int, ...]:
+    """Sorted stop ids: the tokenizer's eos, the chat template's end-of-turn token and the
+    model config's eos ids (`config.eos_token_ids`, when a config is given)."""
+    ids = set(config.eos_token_ids) if config is not None else set()
+    for i in (tokenizer.eos_token_id, end_of_turn_id(tokenizer)):
+        if i is not None:
+            ids.add(int(i))
+    if not ids:
+        raise ValueError("the tokenizer has no eos token and no chat template, and no model "
+                         "config was given: nothing would stop generation")
+    return tuple(sorted(int(i) for i in ids))
+
+
+def load(path_or_preset: str, dtype: Any = None, param_dtype: Any = None, *,
+         tokenizer: Any = None, seed: int = 0,
+         remat: Optional[bool] = None) -> Tuple[llama.Llama, Any, Tuple[int, ...]]:
+    """-> (model, tokenizer, stop_ids).
+
+    path_or_preset: a checkpoint path (HF directory, `.gguf` file or a directory holding one)
+    or a `llama.PRESETS` name (random init from `seed`). dtype / param_dtype: compute and
+    storage dtypes (`checkpoint_hf.from_pretrained`'s defaults for a path; the preset's
+    otherwise). tokenizer: a tokenizer object or a path to load one from (default: the
+    checkpoint's own; the tiny tokenizer for a preset). remat: override `config.remat`.
+    Raises ValueError naming the value when it is neither, or when the tokenizer's vocabulary
+    does not fit the model's embedding.
+    """
+    if not path_or_preset:
+        raise ValueError("nothing to load: give a checkpoint path or a preset name "
+                         f"({', '.join(sorted(llama.PRESETS))})")
+    if path_or_preset in llama.PRESETS and not os.path.exists(path_or_preset):
+        kw = {k: v for k, v in (("dtype", dtype), ("param_dtype", param_dtype),
+                                ("remat", remat)) if v is not None}
+        model = llama.Llama(llama.preset(path_or_preset, **kw), rngs=nnx.Rngs(int(seed)))
+        default_tokenizer = None
+    elif os.path.exists(path_or_preset) or os.sep in str(path_or_preset) or str(
+            path_or_preset).endswith(".gguf"):
+        # a path: from_pretrained names a missing or unreadable one in its error
+        model = checkpoint_hf.from_pretrained(path_or_preset, dtype=dtype,
+                                              param_dtype=param_dtype)
+        if remat is not None:
+            model.config = model.config.replace(remat=bool(remat))
+        default_tokenizer = path_or_preset
+    else:
+        raise ValueError(f"{path_or_preset!r} is neither an existing checkpoint path nor a "
+                         f"preset ({', '.join(sorted(llama.PRESETS))})")
+    tokenizer = tokenizer if tokenizer is not None else default_tokenizer
+    if tokenizer is None:
+        tokenizer = tiny_tokenizer()
+    elif isinstance(tokenizer, (str, os.PathLike)):
+        tokenizer = checkpoint_hf.load_tokenizer(tokenizer, model)
+    if len(tokenizer) > model.config.vocab_size:
+        raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the model's embedding has "
+                         f"{model.config.vocab_size} rows")
+    return model, tokenizer, stop_token_ids(tokenizer, model.config)
