@@ -23,6 +23,8 @@ import time
 
 from absl import app, flags, logging
 
+from jaxsocial import cli
+
 FLAGS = flags.FLAGS
 
 
@@ -205,4 +207,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags)

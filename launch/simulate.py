@@ -18,6 +18,7 @@ import tqdm
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from jaxsocial import cli
 from jaxsocial.social import metrics, society
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/million.py[:variant]",
@@ -100,4 +101,4 @@ def main(argv):
 
 if __name__ == "__main__":
     flags.mark_flag_as_required("workdir")
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags)

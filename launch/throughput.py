@@ -21,6 +21,8 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
+from jaxsocial import cli
+
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py", "Config file.",
                                           lock_config=True)
 _REPEATS = flags.DEFINE_integer("repeats", 2, "Timed epochs after the compiling one.")
@@ -134,4 +136,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags)

@@ -20,6 +20,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
+from jaxsocial import cli
 from jaxsocial.envs import baselines, metrics
 from jaxsocial.envs import social_learning as sl
 
@@ -163,4 +164,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags)

@@ -40,6 +40,8 @@ import logging as py_logging
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from jaxsocial import cli
+
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py",
                                           "Path to a config file (configs/*.py[:variant]).",
                                           lock_config=True)
@@ -59,7 +61,7 @@ def parse_flags(argv):
     """absl's parser, but any error (an unknown --config key, a bad value, a config file
     that fails to load) is one line on stderr and exit status 2."""
     try:
-        return flags.FLAGS(argv)
+        return cli.parse_flags(argv)  # --help exits 0
     except Exception as e:  # noqa: BLE001 -- flag and config-file errors of any kind
         text = str(e.args[0] if isinstance(e, KeyError) and e.args else e)
         while len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
@@ -114,6 +116,12 @@ def main(argv):
     workdir = _WORKDIR.value or os.path.join("runs", config.name)
     console = sys.stderr
     log_path = None
+    from jaxsocial.train import config_check
+    try:  # a config that fails its check writes nothing, not even the workdir
+        config_check.check(config)
+    except ValueError as e:
+        console.write(f"error: {_one_line(e)}\n")
+        sys.exit(1)
     if not _VERBOSE.value:
         os.makedirs(workdir, exist_ok=True)
         pid = int(config.distributed.get("process_id", -1))

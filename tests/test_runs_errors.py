@@ -79,7 +79,7 @@ def test_config_check_names_the_bad_key(key, value, named):
 def test_config_is_checked_before_the_model_is_built(monkeypatch, tmp_path):
     def boom(*a, **k):
         raise AssertionError("model built before the config check")
-    monkeypatch.setattr(loop, "_model", boom)
+    monkeypatch.setattr(loop, "_load", boom)
     c = load_config()
     c.society.feed_size = 64
     with pytest.raises(ValueError, match="feed_size"):
@@ -208,3 +208,17 @@ def test_console_is_readable_and_full_log_goes_to_train_log(tmp_path):
     log = (w / "train.log").read_text()
     assert "CheckpointManager" in log  # control: the full log went to the file
     assert json.loads(proc.stdout.strip().splitlines()[-1])["epochs"] == 1
+
+
+def test_help_exits_zero_and_a_failed_config_check_writes_nothing(tmp_path):
+    out = subprocess.run([sys.executable, "launch/train.py", "--help"], cwd=ROOT,
+                         env=ONE_DEVICE_ENV, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "--workdir" in out.stdout, out.stderr[-2000:]
+    bad = subprocess.run([sys.executable, "launch/train.py", "--noprogress",
+                          f"--config={os.path.join(ROOT, 'configs', 'general.py')}",
+                          f"--workdir={tmp_path / 'w'}"], cwd=ROOT, env=ONE_DEVICE_ENV,
+                         capture_output=True, text=True, timeout=300)
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+    assert bad.returncode == 1 and len(errors) == 1 and "model.checkpoint" in errors[0], \
+        bad.stderr[-2000:]
+    assert not (tmp_path / "w").exists()  # no workdir, no train.log, no config.json

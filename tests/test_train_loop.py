@@ -132,7 +132,13 @@ def test_demo_smoke_runs_end_to_end_and_resumes_exactly(smoke, smoke_full, tmp_p
     assert recs[0]["avg_likes_per_post"] > 0 and recs[0]["ppo"]["grad_norm"] > 0
     assert sum(recs[0]["action_mix"].values()) == config.agents.num_agents * \
         config.rollout.ticks_per_epoch
-    assert os.path.exists(full_dir / "export" / "model.safetensors")
+    # export/ is a complete HF directory: transformers loads model and tokenizer as they are.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    hf_tok = AutoTokenizer.from_pretrained(full_dir / "export", local_files_only=True)
+    assert hf_tok.chat_template and len(hf_tok) == len(run.tokenizer)
+    hf_model = AutoModelForCausalLM.from_pretrained(full_dir / "export", local_files_only=True)
+    assert hf_model.config.vocab_size == run.model_config.vocab_size
+    assert set(hf_model.generation_config.eos_token_id) == set(run.stop_ids)
     assert os.path.exists(full_dir / "samples.jsonl")
     assert any(f.startswith("events") for f in os.listdir(full_dir / "tensorboard"))
     # Text-drift indicators per epoch, and summary.md with the blog's table and real posts.

@@ -34,7 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxsocial.models import llama
+from jaxsocial.models import checkpoint_hf, llama, loading
+from jaxsocial.models.tokenizer import tiny_tokenizer
 from jaxsocial.rl import buffer as buffer_lib
 from jaxsocial.rl import optim
 from jaxsocial.rl import policy as policy_lib
@@ -99,17 +100,20 @@ def _abstract_weights(model_overrides: Optional[Dict[str, Any]] = None):
     """While active, SocialRL builds ShapeDtypeStruct weights instead of random ones, and the
     set-up's eager forward passes (e.g. the post encoder's centre) return zeros of the right
     shape."""
-    orig_model, orig_init = loop._model, loop.policy_lib.init_policy
+    orig_load, orig_init = loop._load, loop.policy_lib.init_policy
     orig_pooled = loop.SocialRL._pooled
 
-    def model(config, tokenizer):
+    def load(config):
         m = config.model
         cfg = llama.preset(m.preset, dtype=m.dtype, param_dtype=m.param_dtype,
                            remat=bool(m.remat), **(model_overrides or {}))
+        tokenizer = (checkpoint_hf.load_tokenizer(config.tokenizer) if config.tokenizer
+                     else tiny_tokenizer())
         if len(tokenizer) > cfg.vocab_size:
             raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the model's embedding "
                              f"has {cfg.vocab_size} rows")
-        return nnx.eval_shape(lambda: llama.Llama(cfg, rngs=nnx.Rngs(0)))
+        model = nnx.eval_shape(lambda: llama.Llama(cfg, rngs=nnx.Rngs(0)))
+        return model, tokenizer, loading.stop_token_ids(tokenizer, cfg)
 
     def init_policy(model, key=None, **kw):
         box = {}
@@ -128,12 +132,12 @@ def _abstract_weights(model_overrides: Optional[Dict[str, Any]] = None):
             return jnp.zeros(out.shape, out.dtype)
         return orig_pooled(self, ref_params, content)
 
-    loop._model, loop.policy_lib.init_policy, loop.SocialRL._pooled = model, init_policy, pooled
+    loop._load, loop.policy_lib.init_policy, loop.SocialRL._pooled = load, init_policy, pooled
     loop.jax = _JaxProxy(jax)
     try:
         yield
     finally:
-        loop._model, loop.policy_lib.init_policy = orig_model, orig_init
+        loop._load, loop.policy_lib.init_policy = orig_load, orig_init
         loop.SocialRL._pooled = orig_pooled
         loop.jax = jax
 

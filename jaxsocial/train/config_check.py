@@ -137,6 +137,11 @@ def check(config: ml_collections.ConfigDict) -> None:
     at_least("rl.minibatches", 1, 1)
     at_least("rl.ppo_epochs", 1, 1)
     at_least("rl.lr", 0, 0.0)
+    need(not (_get(config, "model.require_checkpoint", False)
+              and not _get(config, "model.checkpoint", "")),
+         f"model.checkpoint is empty but config {_get(config, 'name', '?')!r} needs one "
+         f"(--config.model.checkpoint=/path/to/a Hugging Face Llama directory or .gguf; for a "
+         f"CPU run without weights use --config=configs/demo.py)")
     if not problems and "society" in config:
         try:
             society.make_params(**dict(config.society), num_agents=int(agents),

@@ -87,11 +87,7 @@ class Rollout:
 def _load(config):
     """-> (model, tokenizer, stop_ids) through the one loader (`models.load`): the checkpoint,
     or a random `model.preset` with `config.tokenizer` (default: the tiny tokenizer)."""
-    m = config.model
-    if m.get("require_checkpoint", False) and not m.checkpoint:
-        raise ValueError(f"config {config.name!r} needs --config.model.checkpoint=/path/to/a "
-                         f"Hugging Face Llama directory; for a CPU run without weights use "
-                         f"--config=configs/demo.py")
+    m = config.model  # model.require_checkpoint is checked by config_check
     return models.load(m.checkpoint or m.preset, dtype=m.dtype, param_dtype=m.param_dtype,
                        tokenizer=config.tokenizer or None, seed=int(config.seed),
                        remat=bool(m.remat))
@@ -562,10 +558,15 @@ class SocialRL:
         return out
 
     def export_policy(self, state: RunState, path: str, write: bool = True) -> None:
-        """Write the current policy as a Hugging Face directory (`checkpoint_hf.save_pretrained`).
-        Multi-process: every process must call it (the weights are gathered); `write` only on
-        one."""
+        """Write the current policy as a complete Hugging Face directory: weights, config.json,
+        generation_config.json (eos = the run's stop ids) (`checkpoint_hf.save_pretrained`) and
+        the tokenizer with its chat template, so `AutoTokenizer` / `AutoModelForCausalLM` and
+        `launch/eval.py` load it as it is. Multi-process: every process must call it (the
+        weights are gathered); `write` only on one."""
         weights = policy_lib.policy_weights(self.pdef, state.train.params, state.train.ref_params)
         host = sharding.to_host(weights)
         if write:
-            checkpoint_hf.save_pretrained(nnx.merge(self.pdef.graphdef, host), path)
+            model = nnx.merge(self.pdef.graphdef, host)
+            model.config = model.config.replace(eos_token_id=tuple(self.stop_ids))
+            checkpoint_hf.save_pretrained(model, path)
+            self.tokenizer.save_pretrained(path)

@@ -1,0 +1,23 @@
+"""Shared behaviour of the command-line entry points (launch/*.py)."""
+from __future__ import annotations
+
+import sys
+
+from absl import flags
+
+HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull")
+
+
+def parse_flags(argv):
+    """absl's flag parser, except that asking for help exits 0 (absl exits 1 after printing
+    the usage, which makes `--help` look like a failure to shells and CI), and a bad flag is
+    one line on stderr with exit status 2."""
+    try:
+        return flags.FLAGS(argv)
+    except SystemExit as e:
+        if e.code and any(a in HELP_FLAGS for a in argv[1:]):
+            raise SystemExit(0) from None
+        raise
+    except flags.Error as e:
+        sys.stderr.write(f"error: {e} (see --help)\n")
+        raise SystemExit(2) from None
