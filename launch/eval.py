@@ -2,7 +2,7 @@
 
     python launch/eval.py --checkpoint=runs/social/ckpt --baseline=meta-llama-3.2-1b \
         --tasks=humaneval,mbpp,bbh,math,alpaca --data_dir=~/eval_data --judge=JUDGE_DIR \
-        --output=eval_results.json
+        --output=runs/social/eval/results.json   # default: beside the checkpoint
 
 Code, reasoning and math benchmarks run through lm-evaluation-harness with our engine
 (`jaxsocial.eval.lm_eval_model`) and the offline task configs (`jaxsocial.eval.offline_tasks`);
@@ -36,7 +36,8 @@ def define_flags() -> None:
                       "Benchmarks: humaneval, humaneval_pass10, mbpp, bbh, math (gsm8k-cot), "
                       "alpaca.")
     flags.DEFINE_string("data_dir", None, "Local datasets (see docs/eval.md for the layout).")
-    flags.DEFINE_string("output", "eval_results.json", "Results JSON path.")
+    flags.DEFINE_string("output", None, "Results JSON path (default: eval_<name>/results.json "
+                        "next to the --checkpoint directory, e.g. runs/demo/eval_export/).")
     flags.DEFINE_integer("limit", None, "Evaluate only the first N examples of each task (smoke).")
     flags.DEFINE_integer("batch_size", 8, "Rows per compiled call.")
     flags.DEFINE_integer("max_gen_toks", None, "Override every task's generation length.")
@@ -102,6 +103,13 @@ def run_lm_eval(lm, names, task_manager, flags_):
         random_seed=flags_.seed)
 
 
+def default_output(checkpoint: str) -> str:
+    """eval_<name>/results.json next to the checkpoint directory (runs/demo/export ->
+    runs/demo/eval_export/results.json): outputs stay beside what they evaluate."""
+    ckpt = os.path.abspath(checkpoint.rstrip(os.sep))
+    return os.path.join(os.path.dirname(ckpt), f"eval_{os.path.basename(ckpt)}", "results.json")
+
+
 def evaluate(flags_) -> dict:
     from lm_eval.tasks import TaskManager
     from lm_eval.utils import handle_non_serializable
@@ -109,6 +117,8 @@ def evaluate(flags_) -> dict:
     from jaxsocial.eval import alpaca, code_metrics, offline_tasks
     from jaxsocial.eval.lm_eval_model import JaxSocialLM
 
+    if not flags_.output:
+        flags_.output = default_output(flags_.checkpoint)
     tasks = [t.strip() for t in flags_.tasks if t.strip()]
     harness_tasks = [t for t in tasks if t != "alpaca"]
     code_metrics.configure(timeout_s=flags_.sandbox_timeout, memory_mb=flags_.sandbox_memory_mb)

@@ -15,6 +15,7 @@ value passes of the update: 2 * params each per token).
 
 
 import json
+import os
 import resource
 import time
 
@@ -26,7 +27,8 @@ from jaxsocial import cli
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py", "Config file.",
                                           lock_config=True)
 _REPEATS = flags.DEFINE_integer("repeats", 2, "Timed epochs after the compiling one.")
-_OUT = flags.DEFINE_string("out", "profile.json", "Where to write the JSON results.")
+_OUT = flags.DEFINE_string("out", None, "Where to write the JSON results (default: "
+                           "runs/<config.name>/throughput.json).")
 _TRACE = flags.DEFINE_string("trace_dir", "", "Write a jax.profiler trace of one epoch here.")
 _PEAK = flags.DEFINE_float("peak_tflops", 0.0, "Peak FLOP/s of one device for MFU (0 = skip).")
 
@@ -130,8 +132,11 @@ def main(argv):
     del argv
     res = profile(_CONFIG.value, _REPEATS.value, _TRACE.value, _PEAK.value)
     print(format_table(res))
-    with open(_OUT.value, "w") as f:
+    out = _OUT.value or os.path.join("runs", _CONFIG.value.name, "throughput.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
         json.dump(res, f, indent=2)
+    print(f"results: {os.path.abspath(out)}")
     print(json.dumps({k: res[k] for k in ("tokens_per_s", "ticks_per_s", "ppo_tokens_per_s")}))
 
 

@@ -146,7 +146,16 @@ def main(argv):
     if summary.get("stopped") == "SIGTERM" and summary["epochs"] is None:
         console.write("stopped by SIGTERM before the first epoch (nothing to save)\n")
         return
+    if summary.get("already_finished"):
+        console.write(f"run already finished: {workdir} holds epoch {summary['epochs']} of "
+                      f"{config.train.epochs}, nothing to do (train further: "
+                      f"--config.train.epochs=N --config.train.allow_config_change=True; "
+                      f"start over: --noresume)\n")
+        return
+    from jaxsocial.train import report
     print(runner.format_summary(summary))
+    print(report.console_story(summary, workdir,
+                               bool(config.reward.get("non_post_baseline", False))))
     print(json.dumps({"workdir": workdir, "epochs": summary["epochs"]}))
 
 

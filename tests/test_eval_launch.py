@@ -79,3 +79,10 @@ def test_eval_requires_judge_for_alpaca(tmp_path):
         alpaca_file=None, alpaca_reference="file", alpaca_max_gen_toks=8, alpaca_difficulty=None)
     with pytest.raises(ValueError, match="--judge"):
         launch.evaluate(flags)
+
+
+def test_default_output_lies_beside_the_checkpoint():
+    launcher = _launch()
+    want = os.path.abspath(os.path.join("runs", "demo", "eval_export", "results.json"))
+    assert launcher.default_output("runs/demo/export/") == want
+    assert launcher.default_output("runs/demo/export") == want

@@ -90,6 +90,10 @@ PROMPT = "Q: What is 2 + 2?\nA:"
 
 def test_registered():
     assert get_model("jaxsocial") is lm_eval_model.JaxSocialLM
+    from jaxsocial.eval.__main__ import register_models
+    register_models()  # what `python -m jaxsocial.eval` does: lm-eval's own models stay usable
+    from lm_eval.models.huggingface import HFLM
+    assert get_model("hf") is HFLM and get_model("jaxsocial") is lm_eval_model.JaxSocialLM
 
 
 def test_loglikelihood_matches_direct_computation(lm, ref_logits):
@@ -185,3 +189,57 @@ def test_cli_arg_string(checkpoint):
     lm = get_model("jaxsocial").create_from_arg_string(
         f"checkpoint={checkpoint},max_gen_toks=8,seed=1", {"batch_size": 2, "device": "cpu"})
     assert lm.batch_size == 2 and lm.max_gen_toks == 8
+
+
+# ---------------------------------------------------------------------------------------------
+# Agreement with lm-eval's own HF backend on the same checkpoint and requests
+
+
+def _hf_backend(path):
+    from lm_eval.models.huggingface import HFLM
+    return HFLM(pretrained=path, device="cpu", batch_size=4, dtype="float32")
+
+
+def _agree(ours, theirs, prompts):
+    for s in prompts + ["<|begin_of_text|>already prefixed", ""]:
+        assert ours.tok_encode(s) == theirs.tok_encode(s), s
+    pairs = [(p, " yes") for p in prompts] + [("Hello", " world")]
+    reqs = [_req("loglikelihood", p, i) for i, p in enumerate(pairs)]
+    for (a, ga), (b, gb) in zip(ours.loglikelihood(reqs), theirs.loglikelihood(reqs)):
+        assert a == pytest.approx(b, abs=2e-4) and ga == gb
+    gens = [_req("generate_until", (p, {"until": ["\n\n"], "max_gen_toks": 10,
+                                        "do_sample": False}), i) for i, p in enumerate(prompts)]
+    assert ours.generate_until(gens) == theirs.generate_until(gens)
+
+
+def test_agrees_with_lm_evals_hf_backend_on_the_tiny_llama(lm, checkpoint):
+    _agree(lm, _hf_backend(checkpoint), [PROMPT, "The sky is", "def f(x):\n    return"])
+
+
+def test_agrees_with_lm_evals_hf_backend_with_smollm2s_tokenizer(tmp_path):
+    """SmolLM2's tokenizer adds no special tokens by default (its BOS is <|im_start|>): a
+    wrapper that prepended BOS anyway saw another context than lm-eval's HF backend."""
+    pytest.importorskip("gguf")
+    import hf_utils
+
+    from jaxsocial.models import zoo
+    tok = checkpoint_hf.load_tokenizer(zoo.smollm2_135m_instruct())
+    hf_utils.save_random_hf_model(tmp_path, seed=5, vocab_size=len(tok), bos_token_id=1,
+                                  eos_token_id=2, pad_token_id=2)
+    tok.save_pretrained(tmp_path)
+    ours = lm_eval_model.JaxSocialLM(checkpoint=str(tmp_path), batch_size=4)
+    theirs = _hf_backend(str(tmp_path))
+    prompts = [PROMPT, "def add(a, b):\n    return"]
+    assert ours.tok_encode(PROMPT)[0] != tok.bos_token_id  # no BOS, as the tokenizer does it
+    _agree(ours, theirs, prompts)
+    # Negative control: the old wrapper, which prepended BOS to every sequence, is rejected.
+    plain = ours.tok_encode
+
+    def old_encode(string, add_special_tokens=None, left_truncate_len=None, **kw):
+        ids = plain(string, add_special_tokens=False)
+        if add_special_tokens is not False and (not ids or ids[0] != tok.bos_token_id):
+            ids = [tok.bos_token_id] + ids
+        return ids[-left_truncate_len:] if left_truncate_len else ids
+    ours.tok_encode = old_encode
+    with pytest.raises(AssertionError):
+        _agree(ours, theirs, prompts)

@@ -46,3 +46,22 @@ def test_summary_markdown(tmp_path):
     assert "- (2 likes) hello there!" in md
     assert "(no posts)" in md
     assert "No epochs" in report.summary_markdown({"first": None})
+
+
+def test_console_story(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("")
+    (tmp_path / "export").mkdir()
+    hist = [{"epoch": e, "avg_likes_per_post": v, "zero_like_share": 0.5, "total_posts": 4,
+             "posts": [{"text": f"best  {e}\nline", "likes": 7}],
+             "worst_post": {"text": f"worst {e}", "likes": 0}} for e, v in
+            enumerate([1.0, 3.0, 2.0], start=1)]
+    out = report.console_story({"history": hist}, str(tmp_path), non_post_baseline=True)
+    assert "\u2581\u2588\u2585" in out and "(1.000 -> 2.000)" in out  # min, max, middle
+    assert "best post of epoch 3 (7 likes): 'best 3 line'" in out
+    assert "worst post of epoch 3 (0 likes): 'worst 3'" in out
+    assert "reward.non_post_baseline" in out
+    assert out.splitlines()[-1] == f"wrote {tmp_path}/: metrics.jsonl, export/"
+    assert "non_post" not in report.console_story({"history": hist}, str(tmp_path))
+    assert report.sparkline([2.0, 2.0]) == "\u2581\u2581" and report.sparkline([]) == ""
+    long = report.console_story({"history": hist * 6}, str(tmp_path), max_rows=5)
+    assert long.count("...") >= 1 and len(long.splitlines()) < 12

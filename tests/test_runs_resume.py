@@ -99,8 +99,15 @@ def test_resume_refuses_a_shape_changing_key_and_keeps_config_json(smoke, full, 
         assert "\n" not in msg and key in msg and "new --workdir" in msg, msg
         assert "train.epochs" not in msg.split("these change")[0], msg  # only unsafe keys named
         assert (w / "config.json").read_text() == before
-    # Control: the same config resumes (nothing to do, already at epoch 4).
-    assert runner.train(load_config(), str(w), run=smoke[1])["epochs"] == 4
+    # Control: the same config resumes (nothing to do, already at epoch 4) and says so,
+    # leaving the logs as they were: no new TensorBoard file, no new records.
+    tb_before = sorted(os.listdir(w / "tensorboard"))
+    metrics_before = (w / "metrics.jsonl").read_text()
+    again = runner.train(load_config(), str(w), run=smoke[1])
+    assert again["epochs"] == 4 and again["already_finished"]
+    assert (w / "metrics.jsonl").read_text() == metrics_before
+    assert len(os.listdir(w / "tensorboard")) == len(tb_before)
+    assert [s for tag, s in tb_steps(w) if tag == "avg_likes_per_post"] == [1, 2, 3, 4]
 
 
 def test_safe_change_needs_the_flag_and_is_recorded(smoke, full, tmp_path):

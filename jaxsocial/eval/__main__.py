@@ -27,10 +27,16 @@ def main(argv=None) -> None:
         return
     from lm_eval.__main__ import cli_evaluate
 
-    import jaxsocial.eval.lm_eval_model  # noqa: F401  (registers "jaxsocial")
-
+    register_models()
     sys.argv = ["lm_eval"] + argv
     cli_evaluate()
+
+
+def register_models() -> None:
+    """lm-eval's own models (hf, vllm, ...) and "jaxsocial", all usable by name."""
+    import lm_eval.models  # noqa: F401  (lm-eval registers its models on this import)
+
+    import jaxsocial.eval.lm_eval_model  # noqa: F401  (registers "jaxsocial")
 
 
 if __name__ == "__main__":

@@ -80,14 +80,16 @@ class JaxSocialLM(TemplateLM):
       max_gen_toks: default generation length when a task does not set one.
       dtype: compute dtype for a checkpoint ("float32", "bfloat16").
       seed: base of the `jax.random` keys for sampled generation (batch i uses fold_in(key, i)).
-      add_bos_token: prepend the tokenizer's BOS to every sequence (Llama-3 convention).
+      add_bos_token: None (default): special tokens as the tokenizer's own default adds them,
+        as lm-eval's HF backend does (SmolLM2's tokenizer adds none; Llama-3's adds its BOS);
+        True / False: force them on or off.
       generate_fn: override of `jaxsocial.generation.generate` (same signature).
     """
 
     def __init__(self, checkpoint: Optional[str] = None, *, model: Optional[llama.Llama] = None,
                  tokenizer: Any = None, tokenizer_path: Optional[str] = None,
                  batch_size: Any = 8, max_length: Optional[int] = None, max_gen_toks: int = 256,
-                 dtype: str = "float32", seed: int = 0, add_bos_token: Any = True,
+                 dtype: str = "float32", seed: int = 0, add_bos_token: Any = None,
                  generate_fn: Optional[Callable] = None, **kwargs):
         super().__init__()
         kwargs.pop("device", None)  # lm-eval passes these; one JAX process uses its devices
@@ -119,7 +121,7 @@ class JaxSocialLM(TemplateLM):
         cfg = model.config
         self.max_length = int(max_length or cfg.max_position_embeddings)
         self.max_gen_toks = int(max_gen_toks)
-        self.add_bos_token = _as_bool(add_bos_token)
+        self.add_bos_token = None if add_bos_token is None else _as_bool(add_bos_token)
         self.key = jax.random.key(int(seed))
         self._generate_fn = generate_fn
         self.pad_id = self._first_id(cfg.pad_token_id, tokenizer.pad_token_id, 0)
@@ -151,12 +153,18 @@ class JaxSocialLM(TemplateLM):
 
     def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None,
                    left_truncate_len: Optional[int] = None, **kwargs) -> list:
-        ids = list(self.tokenizer(string, add_special_tokens=False)["input_ids"])
-        bos = self.tokenizer.bos_token_id
-        if add_special_tokens is None:
-            add_special_tokens = self.add_bos_token
-        if add_special_tokens and bos is not None and (not ids or ids[0] != bos):
-            ids = [int(bos)] + ids
+        """Token ids exactly as lm-eval's HF backend encodes them: special tokens as the
+        tokenizer's own default adds them unless `add_special_tokens` / `add_bos_token` say
+        otherwise, and none when the text already starts with the prefix token's text."""
+        kw = {}
+        if add_special_tokens is not None:
+            kw["add_special_tokens"] = bool(add_special_tokens)
+        elif self.add_bos_token is not None:
+            kw["add_special_tokens"] = self.add_bos_token
+        if add_special_tokens is None and string.startswith(
+                self.tokenizer.decode([self.prefix_token_id])):
+            kw["add_special_tokens"] = False
+        ids = [int(i) for i in self.tokenizer.encode(string, **kw)]
         if left_truncate_len:
             ids = ids[-left_truncate_len:]
         return ids

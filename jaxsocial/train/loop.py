@@ -533,6 +533,10 @@ class SocialRL:
         top = sorted(range(len(texts)), key=lambda i: (-float(likes[i]), i))[:3]
         m["posts"] = [{"text": texts[i], "likes": int(likes[i]), "agent": authors[i]}
                       for i in top]
+        if texts:  # the least-liked post (ties: earliest), for the end-of-run console story
+            low = min(range(len(texts)), key=lambda i: (float(likes[i]), i))
+            m["worst_post"] = {"text": texts[low], "likes": int(likes[low]),
+                               "agent": authors[low]}
         return m
 
     def _topic_metrics(self, emb: np.ndarray) -> Dict[str, Any]:

@@ -10,6 +10,7 @@ engagement table and a few real posts.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -121,3 +122,54 @@ def write_summary_md(summary: Mapping[str, Any], path: str, title: str = "Social
     """Write `summary_markdown(summary)` to `path`."""
     with open(path, "w", encoding="utf-8") as f:
         f.write(summary_markdown(summary, title))
+
+
+_BARS = "\u2581\u2582\u2583\u2584\u2585\u2586\u2587\u2588"
+
+
+def sparkline(values: Sequence[float]) -> str:
+    """One block character per value, scaled between the smallest and the largest."""
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    span = hi - lo
+    return "".join(_BARS[0 if span == 0 else min(len(_BARS) - 1,
+                                                 int((v - lo) / span * len(_BARS)))]
+                   for v in values)
+
+
+def console_story(summary: dict, workdir: str, non_post_baseline: bool = False,
+                  max_rows: int = 12) -> str:
+    """What the end of a run prints: the per-epoch trend (avg likes per post, zero-like share,
+    posts; a sparkline), the best and worst post of the last epoch with their likes, the
+    non-post rule when it is on, and the paths of what the run wrote."""
+    history = summary.get("history") or []
+    if not history:
+        return "no epochs run"
+    rows = history if len(history) <= max_rows else history[:2] + [None] + \
+        history[-(max_rows - 3):]
+    lines = ["epoch  likes/post  zero-like  posts"]
+    for h in rows:
+        lines.append("  ...      ...        ...    ..." if h is None else
+                     f"{h['epoch']:>5}  {h['avg_likes_per_post']:>10.3f}  "
+                     f"{h['zero_like_share']:>9.3f}  {h['total_posts']:>5}")
+    likes = [h["avg_likes_per_post"] for h in history]
+    lines.append(f"likes/post by epoch: {sparkline(likes)}  ({likes[0]:.3f} -> {likes[-1]:.3f})")
+    last = history[-1]
+    best = (last.get("posts") or [None])[0]
+    worst = last.get("worst_post")
+    for label, post in (("best", best), ("worst", worst)):
+        if post is not None:
+            text = " ".join(str(post["text"]).split())
+            text = text if len(text) <= 100 else text[:97] + "..."
+            lines.append(f"{label} post of epoch {last['epoch']} ({post['likes']} likes): "
+                         f"{text!r}")
+    if non_post_baseline:
+        lines.append("non-post answers (like, nothing, ...) are scored with the epoch's mean "
+                     "post score (reward.non_post_baseline)")
+    files = [n for n in ("summary.md", "summary.json", "metrics.jsonl", "samples.jsonl",
+                         "tensorboard", "export", "train.log")
+             if os.path.exists(os.path.join(workdir, n))]
+    lines.append(f"wrote {workdir}/: " + ", ".join(
+        n + ("/" if os.path.isdir(os.path.join(workdir, n)) else "") for n in files))
+    return "\n".join(lines)

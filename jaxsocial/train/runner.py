@@ -134,13 +134,17 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
         log_lib.cut_logs(workdir, restored_epoch)
     epochs = int(config.train.epochs)
     epoch = int(sharding.to_host(state.epoch))
+    finished = epoch >= epochs  # a rerun of a finished run: nothing to train or log
+    if finished:
+        logging.info("run already finished (epoch %d of %d) in %s: nothing to do", epoch,
+                        epochs, workdir)
     every = max(1, int(config.train.checkpoint_every))
     done_here = 0
     bar = None
-    if progress:
+    if progress and not finished:
         bar = tqdm(total=epochs, initial=min(epoch, epochs), desc="social-rl", unit="epoch",
                    disable=not lead, file=progress_file, dynamic_ncols=True)
-    writer = log_lib.MetricWriter(workdir) if lead else None
+    writer = log_lib.MetricWriter(workdir) if lead and not finished else None
     guard.immediate = False
     if guard.requested:  # arrived between handler swaps
         raise checkpointing.Preempted()
@@ -153,7 +157,8 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
                 writer.write(epoch, metrics)
                 writer.write_samples(samples)
             history.append({k: record[k] for k in SUMMARY_KEYS} | {"epoch": epoch}
-                           | {k: record[k] for k in ("drift", "posts") if k in record})
+                           | {k: record[k] for k in ("drift", "posts", "worst_post")
+                              if k in record})
             done_here += 1
             if bar is not None:
                 bar.update(1)
@@ -177,8 +182,12 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
                "first": history[0] if history else None, "last": history[-1] if history else None}
     if guard.requested:
         summary["stopped"] = "SIGTERM"
-    if epoch == epochs and config.train.export_hf:  # every process joins the gather
+    if finished:
+        summary["already_finished"] = True
+    export_done = finished and os.path.isdir(os.path.join(workdir, "export"))
+    if epoch == epochs and config.train.export_hf and not export_done:  # every process joins
         run.export_policy(state, os.path.join(workdir, "export"), write=lead)
+    if os.path.isdir(os.path.join(workdir, "export")):
         summary["export"] = os.path.join(workdir, "export")
     if lead:
         with open(os.path.join(workdir, "summary.json"), "w") as f:
