@@ -31,7 +31,8 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
     """Command-line flags (defined only when run as a script, so importing is side-effect free)."""
     flags.DEFINE_string("checkpoint", None, "Trained checkpoint (Hugging Face-format directory).")
-    flags.DEFINE_string("baseline", None, "Base checkpoint to compare against (optional).")
+    flags.DEFINE_string("baseline", None, "Base checkpoint to compare against (default: for a "
+                        "run's export/, the run's initial policy, <workdir>/initial).")
     flags.DEFINE_list("tasks", ["humaneval", "mbpp", "bbh", "math", "alpaca"],
                       "Benchmarks: humaneval, humaneval_pass10, mbpp, bbh, math (gsm8k-cot), "
                       "alpaca.")
@@ -110,6 +111,18 @@ def default_output(checkpoint: str) -> str:
     return os.path.join(os.path.dirname(ckpt), f"eval_{os.path.basename(ckpt)}", "results.json")
 
 
+def initial_policy(checkpoint: str):
+    """A run's export (`<workdir>/export`) is compared with the run's initial policy
+    (`<workdir>/initial`, written beside it by launch/train.py) unless --baseline says
+    otherwise; None for a checkpoint that is not a run's export."""
+    ckpt = os.path.abspath(checkpoint.rstrip(os.sep))
+    initial = os.path.join(os.path.dirname(ckpt), "initial")
+    if os.path.basename(ckpt) == "export" and os.path.isfile(os.path.join(initial,
+                                                                          "config.json")):
+        return initial
+    return None
+
+
 def evaluate(flags_) -> dict:
     from lm_eval.tasks import TaskManager
     from lm_eval.utils import handle_non_serializable
@@ -123,16 +136,33 @@ def evaluate(flags_) -> dict:
     harness_tasks = [t for t in tasks if t != "alpaca"]
     code_metrics.configure(timeout_s=flags_.sandbox_timeout, memory_mb=flags_.sandbox_memory_mb)
     out_dir = os.path.splitext(os.path.abspath(flags_.output))[0] + "_tasks"
-    names, include_path = offline_tasks.materialize(harness_tasks, flags_.data_dir, out_dir)
-    # Our YAMLs include lm-eval's by path, so its 10k-file task index is not needed.
-    task_manager = TaskManager(include_path=include_path, include_defaults=False)
-
+    # Evaluate what can be had: a task whose data is missing is skipped with the reason (the
+    # file it needs and where to get it); malformed data is still an error.
+    skipped, names = {}, []
+    for task in list(harness_tasks):
+        try:
+            names += offline_tasks.materialize([task], flags_.data_dir, out_dir)[0]
+        except FileNotFoundError as e:
+            skipped[task] = str(e)
+            harness_tasks.remove(task)
     rows = difficulty = None
     if "alpaca" in tasks:  # check every input before spending compute
-        if not flags_.judge:
-            raise ValueError("--tasks includes alpaca: give --judge=DIR (a judge checkpoint)")
         path = flags_.alpaca_file or os.path.join(flags_.data_dir or ".", "alpaca_eval",
                                                   "alpaca_eval.json")
+        if not flags_.judge:
+            skipped["alpaca"] = "needs --judge=DIR (a judge checkpoint)"
+        elif not os.path.isfile(path):
+            skipped["alpaca"] = (f"alpaca data file not found: {path} (give --alpaca_file or "
+                                 f"--data_dir; see docs/eval.md)")
+    tasks = [t for t in tasks if t not in skipped]
+    if not tasks:
+        raise ValueError("nothing to evaluate: " + "; ".join(f"{t}: {why}"
+                                                              for t, why in skipped.items()))
+    for task, why in skipped.items():
+        logging.warning("skipping %s: %s", task, why)
+    # Our YAMLs include lm-eval's by path, so its 10k-file task index is not needed.
+    task_manager = TaskManager(include_path=out_dir, include_defaults=False)
+    if "alpaca" in tasks:
         rows = alpaca.load_instructions(path)
         if flags_.limit:
             rows = rows[:flags_.limit]
@@ -141,9 +171,11 @@ def evaluate(flags_) -> dict:
         if flags_.alpaca_reference == "baseline" and not flags_.baseline:
             raise ValueError("--alpaca_reference=baseline needs --baseline")
 
+    if flags_.baseline is None:
+        flags_.baseline = initial_policy(flags_.checkpoint)
     checkpoints = [("base", flags_.baseline), ("trained", flags_.checkpoint)]
     checkpoints = [(k, p) for k, p in checkpoints if p]
-    report = {"tasks": tasks, "flags": {k: getattr(flags_, k) for k in (
+    report = {"tasks": tasks, "skipped": skipped, "flags": {k: getattr(flags_, k) for k in (
         "checkpoint", "baseline", "data_dir", "limit", "max_gen_toks", "judge",
         "alpaca_reference", "apply_chat_template", "seed")}, "scores": {}, "lm_eval": {},
         "alpaca_outputs": {}}
@@ -211,6 +243,10 @@ def main(argv):
     if not FLAGS.checkpoint:
         raise app.UsageError("--checkpoint is required")
     report = evaluate(FLAGS)
+    for task, why in report["skipped"].items():
+        print(f"skipped {task}: {why}")
+    if FLAGS.baseline:
+        print(f"baseline: {FLAGS.baseline}")
     print(report["table_text"])
     print(f"results: {os.path.abspath(FLAGS.output)}")
 

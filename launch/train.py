@@ -7,11 +7,13 @@ r"""Social-RL training: agents act in the society, likes become reward, PPO/GRPO
 The workdir receives metrics.jsonl (one object per epoch), TensorBoard events, samples.jsonl,
 orbax checkpoints (every `train.checkpoint_every` epochs and at the end; the last
 `train.keep_checkpoints` kept), summary.json, train.log (the full log) and the final policy as a
-Hugging Face directory (export/). Re-running with the same workdir resumes from its newest good
-checkpoint (the resumed run produces the same metrics as an uninterrupted one) if the config
-matches the stored config.json; `--config.train.allow_config_change=True` accepts changed
-train.* keys (more epochs, ...); `--noresume` starts over. SIGTERM exits 0: during the epoch
-loop after saving a checkpoint at the end of the current epoch, before it at once.
+Hugging Face directory (export/, tokenizer included) with the initial policy beside it
+(initial/, launch/eval.py's default baseline). Re-running with the same workdir resumes from
+its newest good checkpoint (the resumed run produces the same metrics as an uninterrupted
+one) if the config matches the stored config.json; `--config.train.allow_config_change=True`
+accepts changed train.* keys (more epochs, ...); `--noresume` starts over. SIGTERM exits 0:
+during the epoch loop after saving a checkpoint at the end of the current epoch, before it at
+once.
 
 The console shows a progress bar with each epoch's headline metrics, warnings of this project
 and one-line errors; everything else (absl/orbax/XLA logs, tracebacks) goes to

