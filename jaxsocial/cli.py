@@ -1,6 +1,7 @@
 """Shared behaviour of the command-line entry points (launch/*.py)."""
 from __future__ import annotations
 
+import logging
 import sys
 
 from absl import flags
@@ -10,8 +11,11 @@ HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull")
 
 def parse_flags(argv):
     """absl's flag parser, except that asking for help exits 0 (absl exits 1 after printing
-    the usage, which makes `--help` look like a failure to shells and CI), and a bad flag is
-    one line on stderr with exit status 2."""
+    the usage, which makes `--help` look like a failure to shells and CI), a bad flag is one
+    line on stderr with exit status 2, and JAX's backend-probing INFO line is not shown."""
+    # JAX's "Unable to initialize backend 'tpu' ... libtpu.so" INFO line on every CPU/GPU
+    # start says nothing the user asked about.
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     try:
         return flags.FLAGS(argv)
     except SystemExit as e:
