@@ -26,9 +26,13 @@ import sys
 
 
 def _exit_on_sigterm(signum, frame):  # noqa: ARG001
-    # Until runner.train installs its own handler nothing exists that needs saving.
+    # Until runner.train installs its own handler nothing exists that needs saving. os._exit,
+    # not sys.exit: a SystemExit raised inside a half-done import (jax, orbax) can leave
+    # threads and atexit hooks that turn the exit status into 1 at shutdown.
     sys.stderr.write("stopped by SIGTERM during start-up (nothing to save)\n")
-    sys.exit(0)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
@@ -132,8 +136,10 @@ def main(argv):
         logging.set_verbosity(logging.INFO)
         py_logging.getLogger().addHandler(_ConsoleHandler(console))
     where = f" (full log: {log_path})" if log_path else ""
+    # Imported outside the try: a SIGTERM during the import exits 0 through the start-up
+    # handler, and the except clause below can always name checkpointing.CheckpointError.
+    from jaxsocial.train import checkpointing, runner
     try:
-        from jaxsocial.train import checkpointing, runner
         summary = runner.train(config, workdir, resume=_RESUME.value, progress=_PROGRESS.value,
                                progress_file=console)
     except (ValueError, FileNotFoundError, OSError, checkpointing.CheckpointError) as e:
@@ -157,7 +163,8 @@ def main(argv):
     from jaxsocial.train import report
     print(runner.format_summary(summary))
     print(report.console_story(summary, workdir,
-                               bool(config.reward.get("non_post_baseline", False))))
+                               bool(config.reward.get("non_post_baseline", False)),
+                               random_model=not config.model.checkpoint))
     print(json.dumps({"workdir": workdir, "epochs": summary["epochs"]}))
 
 

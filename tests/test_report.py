@@ -62,6 +62,8 @@ def test_console_story(tmp_path):
     assert "reward.non_post_baseline" in out
     assert out.splitlines()[-1] == f"wrote {tmp_path}/: metrics.jsonl, export/"
     assert "non_post" not in report.console_story({"history": hist}, str(tmp_path))
+    assert "byte noise" in report.console_story({"history": hist}, str(tmp_path),
+                                                random_model=True)
     assert report.sparkline([2.0, 2.0]) == "\u2581\u2581" and report.sparkline([]) == ""
     long = report.console_story({"history": hist * 6}, str(tmp_path), max_rows=5)
     assert long.count("...") >= 1 and len(long.splitlines()) < 12

@@ -139,10 +139,11 @@ def sparkline(values: Sequence[float]) -> str:
 
 
 def console_story(summary: dict, workdir: str, non_post_baseline: bool = False,
-                  max_rows: int = 12) -> str:
+                  max_rows: int = 12, random_model: bool = False) -> str:
     """What the end of a run prints: the per-epoch trend (avg likes per post, zero-like share,
-    posts; a sparkline), the best and worst post of the last epoch with their likes, the
-    non-post rule when it is on, and the paths of what the run wrote."""
+    posts; a sparkline), the best and worst post of the last epoch with their likes (with a
+    word on why they are noise when the model is random), the non-post rule when it is on,
+    and the paths of what the run wrote."""
     history = summary.get("history") or []
     if not history:
         return "no epochs run"
@@ -164,11 +165,14 @@ def console_story(summary: dict, workdir: str, non_post_baseline: bool = False,
             text = text if len(text) <= 100 else text[:97] + "..."
             lines.append(f"{label} post of epoch {last['epoch']} ({post['likes']} likes): "
                          f"{text!r}")
+    if random_model:
+        lines.append("(a randomly initialised model writes byte noise: the posts are meant to "
+                     "look like this; configs/smol.py runs a real pretrained model)")
     if non_post_baseline:
         lines.append("non-post answers (like, nothing, ...) are scored with the epoch's mean "
                      "post score (reward.non_post_baseline)")
     files = [n for n in ("summary.md", "summary.json", "metrics.jsonl", "samples.jsonl",
-                         "tensorboard", "export", "train.log")
+                         "tensorboard", "export", "initial", "train.log")
              if os.path.exists(os.path.join(workdir, n))]
     lines.append(f"wrote {workdir}/: " + ", ".join(
         n + ("/" if os.path.isdir(os.path.join(workdir, n)) else "") for n in files))
