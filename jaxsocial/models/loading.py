@@ -87,12 +87,19 @@ def load(path_or_preset: str, dtype: Any = None, param_dtype: Any = None, *,
     else:
         raise ValueError(f"{path_or_preset!r} is neither an existing checkpoint path nor a "
                          f"preset ({', '.join(sorted(llama.PRESETS))})")
-    tokenizer = tokenizer if tokenizer is not None else default_tokenizer
+    tokenizer = resolve_tokenizer(tokenizer if tokenizer is not None else default_tokenizer,
+                                  model.config)
+    return model, tokenizer, stop_token_ids(tokenizer, model.config)
+
+
+def resolve_tokenizer(tokenizer: Any, config: llama.LlamaConfig):
+    """A tokenizer object (returned as is), a path to load one from, or None (the committed
+    tiny tokenizer). Raises ValueError when its vocabulary does not fit `config`'s embedding."""
     if tokenizer is None:
         tokenizer = tiny_tokenizer()
     elif isinstance(tokenizer, (str, os.PathLike)):
-        tokenizer = checkpoint_hf.load_tokenizer(tokenizer, model)
-    if len(tokenizer) > model.config.vocab_size:
+        tokenizer = checkpoint_hf.load_tokenizer(tokenizer, config)
+    if len(tokenizer) > config.vocab_size:
         raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the model's embedding has "
-                         f"{model.config.vocab_size} rows")
-    return model, tokenizer, stop_token_ids(tokenizer, model.config)
+                         f"{config.vocab_size} rows")
+    return tokenizer

@@ -34,8 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxsocial.models import checkpoint_hf, llama, loading
-from jaxsocial.models.tokenizer import tiny_tokenizer
+from jaxsocial.models import llama, loading
 from jaxsocial.rl import buffer as buffer_lib
 from jaxsocial.rl import optim
 from jaxsocial.rl import policy as policy_lib
@@ -107,11 +106,7 @@ def _abstract_weights(model_overrides: Optional[Dict[str, Any]] = None):
         m = config.model
         cfg = llama.preset(m.preset, dtype=m.dtype, param_dtype=m.param_dtype,
                            remat=bool(m.remat), **(model_overrides or {}))
-        tokenizer = (checkpoint_hf.load_tokenizer(config.tokenizer) if config.tokenizer
-                     else tiny_tokenizer())
-        if len(tokenizer) > cfg.vocab_size:
-            raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the model's embedding "
-                             f"has {cfg.vocab_size} rows")
+        tokenizer = loading.resolve_tokenizer(config.tokenizer or None, cfg)
         model = nnx.eval_shape(lambda: llama.Llama(cfg, rngs=nnx.Rngs(0)))
         return model, tokenizer, loading.stop_token_ids(tokenizer, cfg)
 
