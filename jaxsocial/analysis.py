@@ -2,7 +2,7 @@
 
 The notebook `notebooks/analyze_run.ipynb` is a thin shell over these functions:
 
-    run = analysis.load_run("runs/demo")
+    run = analysis.load_run(analysis.resolve_workdir())   # $JAXSOCIAL_WORKDIR or runs/demo
     analysis.summary_table(run)            # before/after like the blog
     analysis.plot_run(run, "run.png")      # likes distribution, zero-like share, reward curves
 """
@@ -14,6 +14,34 @@ import os
 from typing import Dict, List, Optional
 
 import numpy as np
+
+WORKDIR_ENV = "JAXSOCIAL_WORKDIR"
+DEFAULT_WORKDIR = os.path.join("runs", "demo")
+
+
+def repo_root() -> str:
+    """The checkout this package was installed from (editable install), else the current
+    directory: where the README's commands run."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return here if os.path.exists(os.path.join(here, "setup.py")) else os.getcwd()
+
+
+def resolve_workdir(workdir: Optional[str] = None) -> str:
+    """The run directory to analyze: `workdir`, else $JAXSOCIAL_WORKDIR, else runs/demo.
+
+    Jupyter runs a notebook's kernel in the notebook's own folder, so a relative path is looked
+    up where the user typed the command ($PWD, which the kernel inherits), then in the
+    repository root (where the README's commands run), then in the current directory; the
+    first that holds a metrics.jsonl wins, else the repository-root path is returned (and
+    `load_run` names it in its error)."""
+    workdir = workdir or os.environ.get(WORKDIR_ENV) or DEFAULT_WORKDIR
+    if os.path.isabs(workdir):
+        return workdir
+    bases = [b for b in (os.environ.get("PWD"), repo_root(), os.getcwd()) if b]
+    for base in bases:
+        if os.path.exists(os.path.join(base, workdir, "metrics.jsonl")):
+            return os.path.join(base, workdir)
+    return os.path.join(repo_root(), workdir)
 
 
 def _read_jsonl(path: str) -> List[dict]:
@@ -77,11 +105,12 @@ def summary_table(run: Dict[str, List[dict]]) -> str:
 
 def plot_run(run: Dict[str, List[dict]], path: Optional[str] = None):
     """Three panels: likes distribution per epoch, zero-like share, reward mean +- std.
-    Needs matplotlib (`pip install matplotlib`); returns the figure."""
-    import matplotlib  # optional dependency (plots only)
-    if path:
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Saves a PNG at `path` when given. Needs matplotlib (`pip install -e '.[notebook]'`);
+    returns the figure."""
+    try:
+        import matplotlib.pyplot as plt  # optional dependency (plots only)
+    except ImportError as e:
+        raise ImportError("plot_run needs matplotlib: pip install -e '.[notebook]'") from e
     c = curves(run)
     dist = likes_distribution(run, max_likes=10)
     fig, ax = plt.subplots(1, 3, figsize=(15, 4))

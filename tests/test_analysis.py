@@ -35,3 +35,23 @@ def test_load_sort_curves_and_distribution(tmp_path):
 def test_missing_run_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
         analysis.load_run(str(tmp_path / "nope"))
+
+
+def test_resolve_workdir_prefers_where_the_command_ran(tmp_path, monkeypatch):
+    here = tmp_path / "shell"
+    (here / "runs" / "x").mkdir(parents=True)
+    monkeypatch.setenv("PWD", str(here))
+    monkeypatch.chdir(tmp_path)  # the kernel's cwd (the notebook's folder) is elsewhere
+    # Not there yet: falls back to the repository root, which load_run then names.
+    assert analysis.resolve_workdir("runs/x") == f"{analysis.repo_root()}/runs/x"
+    _write_run(here / "runs" / "x")
+    assert analysis.resolve_workdir("runs/x") == str(here / "runs" / "x")
+    monkeypatch.setenv(analysis.WORKDIR_ENV, "runs/x")
+    assert analysis.resolve_workdir() == str(here / "runs" / "x")
+    assert analysis.resolve_workdir(str(tmp_path / "abs")) == str(tmp_path / "abs")
+
+
+def test_plot_run_saves_a_png(tmp_path):
+    run = analysis.load_run(_write_run(tmp_path))
+    analysis.plot_run(run, str(tmp_path / "a.png"))
+    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
