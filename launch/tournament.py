@@ -1,9 +1,9 @@
 """Run the social-learning tournament: every baseline over the seeds, then (optionally) LLM agents.
 
-    python launch/tournament.py --config=configs/social_learning.py --workdir=/tmp/sl
-    python launch/tournament.py --config=configs/social_learning.py:tiny_llm --workdir=/tmp/sl
+    python launch/tournament.py --config=configs/social_learning.py --workdir=runs/sl
+    python launch/tournament.py --config=configs/social_learning.py:tiny_llm --workdir=runs/sl
     python launch/tournament.py --config=configs/social_learning.py \
-        --config.llm.enabled=True --config.llm.checkpoint=/path/to/hf_llama --workdir=/tmp/sl
+        --config.llm.enabled=True --config.llm.checkpoint=/path/to/hf_llama --workdir=runs/sl
 
 Prints a table (J, dJ(C*) vs solo with SEM and p, distinct arms, completion) and writes
 `results.json` to --workdir. The reference policy (solo UCB1) plays in a solo population; every
@@ -48,6 +48,9 @@ def _row(name: str, summary: dict, cmp: dict | None) -> dict:
         "regret": summary["regret"]["mean"],
         "diversity": summary["diversity"]["mean"],
         "observe_rate": summary["observe_rate"]["mean"],
+        "innovate_rate": summary["innovate_rate"]["mean"],
+        "revise_rate": summary["revise_rate"]["mean"],
+        "skip_rate": summary["skip_rate"]["mean"],
         "deployed_from_copy": summary["deployed_from_copy"]["mean"],
         "copied_beats_own": summary["copied_beats_own"]["mean"],
         "summary": summary,
@@ -88,8 +91,13 @@ def run_llm(config) -> dict:
     lc = config.llm
     over = {f: getattr(lc, f) for f in ("num_agents", "num_arms", "num_rounds") if getattr(lc, f)}
     params = env_params(config.env, **over)
+    if lc.num_seeds > config.num_seeds:
+        raise ValueError(f"llm.num_seeds={lc.num_seeds} > num_seeds={config.num_seeds}: the LLM "
+                         "populations are the first llm.num_seeds of the baselines' seeds")
     agent = llm_agent.LLMAgent.load(lc.checkpoint, llm_agent.LLMAgentConfig.from_config(lc))
-    keys = jax.random.split(jax.random.key(config.seed + 1), lc.num_seeds)
+    # The baselines' first seeds: without env overrides, the LLM populations play the same
+    # worlds (arm means, forced-search schedule) as the baselines' first llm.num_seeds rows.
+    keys = jax.random.split(jax.random.key(config.seed), config.num_seeds)[:lc.num_seeds]
     social = agent.run(keys, params.replace(social=True))
     solo = agent.run(keys, params.replace(social=False))
     rows = {}
@@ -97,9 +105,12 @@ def run_llm(config) -> dict:
         summary = metrics.summarize(metrics.seed_metrics(res.states, res.traj, params.num_arms))
         cmp = None if ref is None else metrics.compare(res.traj, ref.traj)
         row = _row(name, summary, cmp)
-        row["malformed_learn"] = res.malformed_learn
-        row["malformed_pull"] = res.malformed_pull
-        row["truncated"] = res.truncated
+        pulls = lc.num_seeds * params.num_agents * params.num_rounds
+        row.update(malformed_learn=res.malformed_learn, malformed_pull=res.malformed_pull,
+                   truncated=res.truncated, asked_learn=res.asked_learn, asked_pull=pulls,
+                   malformed_rate=(res.malformed_learn + res.malformed_pull)
+                   / max(res.asked_learn + pulls, 1),
+                   num_seeds=lc.num_seeds, num_rounds=params.num_rounds)
         rows[name] = row
     return rows
 
@@ -124,6 +135,17 @@ def format_table(rows: dict, reference: str) -> str:
     lines.append(f"(dJ(C*): social minus solo at matched cumulative tokens, paired by seed, mean "
                  f"+- SEM; solo = {reference} in a solo population for the baselines, the same "
                  "model with observation disabled for LLM agents; p: two-sided one-sample t-test)")
+    head = (f"{'policy':<22}{'C (tokens)':>12}{'skip':>7}{'innov':>7}{'revise':>7}{'observe':>8}"
+            f"{'malformed':>11}")
+    lines += ["", head, "-" * len(head)]
+    for name, r in rows.items():
+        bad = f"{r['malformed_rate']:.3f}" if "malformed_rate" in r else "-"
+        lines.append(f"{name:<22}{r['C_mean']:>12,.0f}{r['skip_rate']:>7.2f}"
+                     f"{r['innovate_rate']:>7.2f}{r['revise_rate']:>7.2f}{r['observe_rate']:>8.2f}"
+                     f"{bad:>11}")
+    lines.append("(C: population tokens per seed; action rates: shares of the performed learning "
+                 "actions; malformed: share of LLM completions that did not parse, played as "
+                 "skip / no pull)")
     return "\n".join(lines)
 
 

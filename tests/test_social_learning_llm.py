@@ -4,6 +4,7 @@ import jax
 import numpy as np
 import pytest
 
+from jaxsocial.envs import baselines as bl
 from jaxsocial.envs import llm_agent as la
 from jaxsocial.envs import social_learning as sl
 
@@ -138,6 +139,7 @@ def test_malformed_completions_are_counted_not_fatal():
     forced = np.asarray(run.traj.forced_applied)
     assert run.malformed_learn == 2 * 2 - forced[0, :, 1:].sum()  # agents 1, 2 each round
     assert run.malformed_pull == 2  # agent 2, both rounds
+    assert run.asked_learn == 3 * 2 - forced[0].sum()  # forced rounds ask no learning decision
     pulled = np.asarray(run.traj.pulled)[0]
     # malformed pull = missed pull (unless forced search imposed the pull)
     assert pulled[:, :2].all()
@@ -150,3 +152,48 @@ def test_malformed_completions_are_counted_not_fatal():
     lens_learn = np.array([15, 3, 16])
     lens_pull = np.array([7, 7, 7])
     np.testing.assert_array_equal(tokens, np.where(forced[0], 0, lens_learn) + lens_pull)
+
+
+def test_launcher_plays_the_baselines_seeds_and_reports_the_mix(monkeypatch, tmp_path):
+    """run_llm's populations are the baselines' first llm.num_seeds seeds (same arm means);
+    its rows carry the malformed rate and the learning-action mix."""
+    import importlib.util
+    import os
+
+    from conftest import ROOT, load_launcher
+
+    mod = load_launcher("launch/tournament.py")
+    spec = importlib.util.spec_from_file_location(
+        "sl_cfg", os.path.join(ROOT, "configs", "social_learning.py"))
+    cfg_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cfg_mod)
+    cfg = cfg_mod.get_config("small")
+    with cfg.unlocked():
+        cfg.llm.enabled, cfg.llm.checkpoint, cfg.llm.num_seeds = True, "scripted", 2
+    agent = _Scripted(None, learn=["LEARN: innovate", "hmm", "LEARN: skip"],
+                      pull=["PULL: 1", "PULL: 2", "PULL: 3", "nope"])
+    runs = []
+
+    def run(keys, params, record=4):
+        runs.append(la.LLMAgent.run(agent, keys, params, record))
+        return runs[-1]
+
+    agent.run = run
+    monkeypatch.setattr(la.LLMAgent, "load", classmethod(lambda cls, ckpt, config: agent))
+    rows = mod.run_llm(cfg)
+    base_keys = jax.random.split(jax.random.key(cfg.seed), cfg.num_seeds)[:2]
+    params = mod.env_params(cfg.env)
+    _, base = sl.rollout_batch(base_keys, bl.solo_ucb, params.replace(social=False))
+    np.testing.assert_allclose(runs[0].traj.mu[:, 0], base.mu[:, 0], rtol=1e-6)  # same worlds
+    for name in ("llm_social", "llm_solo"):
+        r = rows[name]
+        mix = r["skip_rate"] + r["innovate_rate"] + r["revise_rate"] + r["observe_rate"]
+        assert mix == pytest.approx(1.0)
+        assert r["innovate_rate"] > 0 and r["skip_rate"] > 0
+        asked = r["asked_learn"] + r["asked_pull"]
+        assert r["malformed_rate"] == pytest.approx(
+            (r["malformed_learn"] + r["malformed_pull"]) / asked) and r["malformed_pull"] > 0
+    with cfg.unlocked():
+        cfg.llm.num_seeds = cfg.num_seeds + 1
+    with pytest.raises(ValueError, match="llm.num_seeds"):
+        mod.run_llm(cfg)

@@ -209,6 +209,7 @@ class LLMRun(NamedTuple):
     truncated: int
     completions: list  # a few (prompt, completion) samples for inspection
     texts: list  # per round: (learn completions [S][N], pull completions [S][N]); "" if not asked
+    asked_learn: int = 0  # learning completions generated (forced-search rounds ask none)
 
 
 def _batched(fn):
@@ -300,7 +301,7 @@ class LLMAgent:
         step_keys = jax.vmap(
             lambda k: jax.random.split(jax.random.fold_in(k, 7), params.num_rounds * 3))(keys)
         recs, samples, logs = [], [], []
-        bad_learn = bad_pull = trunc = 0
+        bad_learn = bad_pull = trunc = asked = 0
         def host(tree):
             return jax.tree.map(np.asarray, tree)
         def pop(tree, b):
@@ -325,6 +326,7 @@ class LLMAgent:
                 if forced[b, i]:  # the env imposes the search; the model is not asked
                     continue
                 k, j, ok = parse_learn(text, n)
+                asked += 1
                 bad_learn += not ok
                 trunc += bool(tr[idx])
                 kind[b, i], target[b, i], tokens[b, i] = k, j, lens[idx]
@@ -356,4 +358,5 @@ class LLMAgent:
             info = {**info_l, **info_e}
             recs.append(sl.RoundRecord(**{f: np.asarray(info[f]) for f in sl.RoundRecord._fields}))
         traj = jax.tree.map(lambda *xs: np.stack(xs, axis=1), *recs)
-        return LLMRun(states, traj, int(bad_learn), int(bad_pull), int(trunc), samples, logs)
+        return LLMRun(states, traj, int(bad_learn), int(bad_pull), int(trunc), samples, logs,
+                      asked)

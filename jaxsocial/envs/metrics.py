@@ -3,7 +3,8 @@
 Per population (one seed) from a `RoundRecord` ([T, N] arrays) and the final `EnvState`:
 J_t = sum_{s <= t} mean_i r_{s,i} (cumulative per-agent mean reward), C_t = cumulative
 population tokens, reward per token, completion rate, regret, distinct independently discovered
-arms, diversity, lineage shares. Across seeds: mean +- SEM and the paired social-advantage at
+arms, diversity, the learning-action mix (skip / innovate / revise / observe rates of the
+performed actions), lineage shares. Across seeds: mean +- SEM and the paired social-advantage at
 matched cost dJ(C*) with a one-sample Student t-test.
 
 Everything is NumPy on host (metrics are computed once per run); the Student-t CDF uses
@@ -138,6 +139,8 @@ def population_metrics(state: sl.EnvState, traj: sl.RoundRecord, num_arms: int) 
         final_diversity=_exp_entropy(np.bincount(arms[-1][last], minlength=num_arms)),
         observe_rate=float((kinds == sl.OBSERVE).mean()),
         innovate_rate=float((kinds == sl.INNOVATE).mean()),
+        revise_rate=float((kinds == sl.REVISE).mean()),
+        skip_rate=float((kinds == sl.SKIP).mean()),
         deployed_from_copy=float(np.asarray(traj.deployed_via_copy)[-1][last].mean())
         if last.any() else float("nan"),
         founding_lineages=int(len(np.unique(roots))) if last.any() else 0,
