@@ -260,7 +260,7 @@ def test_unexpected_tensor(broken):
 
 
 @pytest.mark.parametrize("changes,names", [
-    (dict(model_type="mistral"), ["'mistral'", "model_type"]),
+    (dict(model_type="gemma"), ["'gemma'", "model_type", "qwen3"]),
     (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}),
      ["'yarn'", "rope type"]),
     (dict(rope_parameters=None, rope_scaling={"type": "dynamic", "factor": 2.0}),

@@ -1,10 +1,13 @@
-"""jaxsocial.models: the Llama-3 policy and its checkpoint formats.
+"""jaxsocial.models: the policy decoder (Llama-3, Qwen2/2.5, Qwen3, Mistral) and its checkpoint
+formats.
 
 - `load(path_or_preset) -> (model, tokenizer, stop_ids)`: the one loader (`loading.py`), used
   by the training loop, the tournament's LLM agents and the lm-eval model.
-- `llama`: Flax NNX Llama-3 family (config, presets, forward, KV cache).
-- `checkpoint_hf`: Hugging Face I/O: `from_pretrained` (safetensors directories and GGUF
-  files), `save_pretrained`, `load_tokenizer`, config.json <-> `LlamaConfig`.
+- `llama`: the Flax NNX decoder (config with the families' switches, presets, forward, KV
+  cache).
+- `checkpoint_hf`: Hugging Face I/O for every family: `from_pretrained` (safetensors
+  directories and llama GGUF files), `save_pretrained`, `load_tokenizer`, config.json <->
+  `LlamaConfig`.
 - `gguf`: llama.cpp's GGUF format (dequantization, tokenizer from metadata); `hf_layout`: the
   HF tensor names both readers fill.
 - `zoo`: pretrained models fetched on first use (`smollm2_135m_instruct()`).

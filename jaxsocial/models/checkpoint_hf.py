@@ -1,4 +1,4 @@
-"""Hugging Face Llama checkpoints <-> `jaxsocial.models.llama.Llama`.
+"""Hugging Face checkpoints (Llama, Mistral, Qwen2/2.5, Qwen3) <-> `jaxsocial.models.llama.Llama`.
 
 A Hugging Face directory holds `config.json` and the weights as one `model.safetensors` or
 several `model-0000i-of-0000n.safetensors` listed in `model.safetensors.index.json`.
@@ -40,7 +40,7 @@ _IGNORED_TENSORS = re.compile(r".*rotary_emb\.inv_freq$")
 
 
 # ----------------------------------------------------------------------------------------------
-# config.json <-> LlamaConfig
+# config.json <-> LlamaConfig (every supported family)
 
 
 def _read_json(path: str) -> dict:
@@ -77,12 +77,72 @@ def _rope_from_hf(d: Mapping[str, Any]) -> tuple:
     return float(theta), {"rope_type": rope_type, **scaling}
 
 
+# transformers 5.24's config-class defaults for the keys read here, per model_type (a key absent
+# from config.json means what transformers' own config class would give it). `head_dim` None:
+# hidden_size // num_attention_heads. `num_key_value_heads` None: num_attention_heads.
+_COMMON_DEFAULTS = dict(vocab_size=32000, hidden_size=4096, num_hidden_layers=32,
+                        num_attention_heads=32, num_key_value_heads=None, head_dim=None,
+                        rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=None,
+                        eos_token_id=None, pad_token_id=None)
+HF_DEFAULTS = {
+    "llama": dict(_COMMON_DEFAULTS, intermediate_size=11008, max_position_embeddings=2048,
+                  bos_token_id=1, eos_token_id=2),
+    "mistral": dict(_COMMON_DEFAULTS, intermediate_size=14336, num_key_value_heads=8,
+                    max_position_embeddings=131072, bos_token_id=1, eos_token_id=2,
+                    sliding_window=4096),
+    "qwen2": dict(_COMMON_DEFAULTS, vocab_size=151936, intermediate_size=22016,
+                  num_key_value_heads=32, max_position_embeddings=32768,
+                  use_sliding_window=False, sliding_window=4096, max_window_layers=28),
+    "qwen3": dict(_COMMON_DEFAULTS, vocab_size=151936, intermediate_size=22016,
+                  num_key_value_heads=32, head_dim=128, max_position_embeddings=32768,
+                  use_sliding_window=False, sliding_window=4096, max_window_layers=28,
+                  attention_bias=False),
+}
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def _windows_from_hf(d: Mapping[str, Any], get, model_type: str, layers: int) -> tuple:
+    """(sliding_window, layer_types) as transformers' model of `model_type` applies them."""
+    if model_type == "llama":
+        return None, None  # LlamaModel has no sliding window, whatever the config says
+    if model_type == "mistral":
+        # MistralModel applies `sliding_window` (when not None) to every layer and ignores
+        # layer_types (transformers points mixed windows to Ministral): refuse a mismatch.
+        window = get("sliding_window")
+        types = d.get("layer_types")
+        want = "full_attention" if window is None else "sliding_attention"
+        if types is not None and any(t != want for t in types):
+            raise ValueError(f"unsupported mistral layer_types {list(types)} with sliding_window="
+                             f"{window!r}: MistralModel applies one window to every layer "
+                             "(mixed windows are Ministral's, not supported)")
+        return window, None
+    # qwen2 / qwen3: the window exists only with use_sliding_window; layer_types (or, absent,
+    # layers >= max_window_layers) say which layers slide.
+    window = get("sliding_window") if get("use_sliding_window") else None
+    types = d.get("layer_types")
+    if types is None:
+        types = ["sliding_attention" if window is not None and i >= get("max_window_layers")
+                 else "full_attention" for i in range(layers)]
+    types = tuple(types)
+    if window is None:
+        if "sliding_attention" in types:
+            raise ValueError(f"{model_type} layer_types has 'sliding_attention' layers but "
+                             f"use_sliding_window={get('use_sliding_window')!r} / sliding_window="
+                             f"{d.get('sliding_window')!r} give no window")
+        return None, None
+    return int(window), types
+
+
 def config_from_hf(source: Union[Mapping[str, Any], PathLike]) -> llama.LlamaConfig:
     """A `LlamaConfig` from an HF config dict, a `config.json` file, or a checkpoint directory.
 
-    Reads only the config's fields (defaults are transformers' LlamaConfig defaults); nothing is
-    inferred from the model's name. Raises ValueError naming the value for an unsupported
-    `model_type`, rope type, activation, or bias.
+    Supported model_types: llama, mistral, qwen2, qwen3 (`llama.SUPPORTED_MODEL_TYPES`). Reads
+    only the config's fields; a missing key takes the default of transformers' config class for
+    that model_type (`HF_DEFAULTS`), so model_type selects only what HF's own class implies
+    (Qwen2's q/k/v bias, Qwen3's QK-norm); nothing is inferred from a model's name. Raises
+    ValueError naming the value for an unsupported model_type, rope type, activation, bias or
+    layer_types.
     """
     if isinstance(source, Mapping):
         d = dict(source)
@@ -99,33 +159,55 @@ def config_from_hf(source: Union[Mapping[str, Any], PathLike]) -> llama.LlamaCon
         d = _read_json(file)
 
     model_type = d.get("model_type")
-    if model_type != "llama":
-        raise ValueError(f"unsupported model_type {model_type!r}; only 'llama' (the Llama-3 "
-                         "family) is supported")
+    if model_type not in HF_DEFAULTS:
+        raise ValueError(f"unsupported model_type {model_type!r}; supported: "
+                         f"{', '.join(llama.SUPPORTED_MODEL_TYPES)}")
+    defaults = HF_DEFAULTS[model_type]
+
+    def get(key):
+        return d.get(key, defaults.get(key))
+
     act = d.get("hidden_act", "silu")
     if act != "silu":
-        raise ValueError(f"unsupported hidden_act {act!r}; Llama uses 'silu'")
-    for key in ("attention_bias", "mlp_bias"):
+        raise ValueError(f"unsupported hidden_act {act!r}; {model_type} uses 'silu'")
+    # Biases as transformers builds them: Llama's attention_bias / mlp_bias are not supported
+    # here; Qwen2 always has q/k/v biases (Qwen2Config has no attention_bias key); Qwen3's
+    # attention_bias puts biases on q, k, v and o; Mistral has none.
+    bad_bias = ("attention_bias", "mlp_bias") if model_type == "llama" else ("mlp_bias",)
+    for key in bad_bias:
         if d.get(key, False):
-            raise ValueError(f"unsupported {key}={d[key]!r}; Llama-3 has no biases")
+            raise ValueError(f"unsupported {key}={d[key]!r} for model_type {model_type!r}")
+    qkv_bias = o_bias = False
+    if model_type == "qwen2":
+        qkv_bias = True
+    elif model_type == "qwen3":
+        qkv_bias = o_bias = bool(get("attention_bias"))
     theta, scaling = _rope_from_hf(d)
-    heads = d.get("num_attention_heads", 32)
+    heads = get("num_attention_heads")
+    layers = get("num_hidden_layers")
+    window, layer_types = _windows_from_hf(d, get, model_type, layers)
     return llama.LlamaConfig(
-        vocab_size=d.get("vocab_size", 32000),
-        hidden_size=d.get("hidden_size", 4096),
-        intermediate_size=d.get("intermediate_size", 11008),
-        num_hidden_layers=d.get("num_hidden_layers", 32),
+        vocab_size=get("vocab_size"),
+        hidden_size=get("hidden_size"),
+        intermediate_size=get("intermediate_size"),
+        num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=d.get("num_key_value_heads") or heads,
-        head_dim=d.get("head_dim"),
-        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+        num_key_value_heads=get("num_key_value_heads") or heads,
+        head_dim=get("head_dim"),
+        rms_norm_eps=float(get("rms_norm_eps")),
         rope_theta=theta,
         rope_scaling=scaling,
-        max_position_embeddings=d.get("max_position_embeddings", 2048),
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-        bos_token_id=d.get("bos_token_id"),
-        eos_token_id=d.get("eos_token_id"),
-        pad_token_id=d.get("pad_token_id"),
+        max_position_embeddings=get("max_position_embeddings"),
+        tie_word_embeddings=bool(get("tie_word_embeddings")),
+        bos_token_id=get("bos_token_id"),
+        eos_token_id=get("eos_token_id"),
+        pad_token_id=get("pad_token_id"),
+        model_type=model_type,
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        qk_norm=model_type == "qwen3",
+        sliding_window=window,
+        layer_types=layer_types,
     )
 
 
@@ -133,19 +215,40 @@ def _ids(value):
     return list(value) if isinstance(value, (tuple, list)) else value
 
 
+def _check_exportable(config: llama.LlamaConfig) -> None:
+    """Raise ValueError when `config`'s switches are not what transformers' class for
+    `config.model_type` builds (the saved directory would load as a different model)."""
+    t = config.model_type
+    want = {"llama": dict(qkv_bias=False, o_bias=False, qk_norm=False),
+            "mistral": dict(qkv_bias=False, o_bias=False, qk_norm=False),
+            "qwen2": dict(qkv_bias=True, o_bias=False, qk_norm=False),
+            "qwen3": dict(o_bias=config.qkv_bias, qk_norm=True)}[t]
+    if t == "llama":
+        want.update(sliding_window=None)
+    if t in ("llama", "mistral"):
+        want.update(layer_types=None)
+    bad = {k: getattr(config, k) for k, v in want.items() if getattr(config, k) != v}
+    if bad:
+        raise ValueError(f"cannot save as model_type {t!r}: transformers' {_ARCHITECTURES[t]} "
+                         f"has {want}, this config has {bad}")
+
+
 def config_to_hf(config: llama.LlamaConfig) -> dict:
-    """The `config.json` dict transformers' `LlamaForCausalLM` reads.
+    """The `config.json` dict transformers' `*ForCausalLM` for `config.model_type` reads.
 
     RoPE is written both as `rope_parameters` (transformers 5) and as the older `rope_theta` +
-    `rope_scaling` pair, so older readers (transformers 4, vLLM) see the same settings.
+    `rope_scaling` pair, so older readers (transformers 4, vLLM) see the same settings. Raises
+    ValueError when the config's switches do not fit its model_type (`_check_exportable`).
     """
+    _check_exportable(config)
+    t = config.model_type
     scaling = {k: v for k, v in (config.rope_scaling_dict or {}).items()
                if k not in ("type", "rope_type")}
     legacy_scaling = {"rope_type": config.rope_type, **scaling} if scaling else None
     rope_parameters = {"rope_type": config.rope_type, "rope_theta": config.rope_theta, **scaling}
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+    out = {
+        "architectures": [_ARCHITECTURES[t]],
+        "model_type": t,
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
@@ -160,17 +263,29 @@ def config_to_hf(config: llama.LlamaConfig) -> dict:
         "rope_theta": config.rope_theta,
         "rope_scaling": legacy_scaling,
         "tie_word_embeddings": config.tie_word_embeddings,
-        "attention_bias": False,
-        "mlp_bias": False,
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
-        "pretraining_tp": 1,
         "use_cache": True,
         "bos_token_id": config.bos_token_id,
         "eos_token_id": _ids(config.eos_token_id),
         "pad_token_id": config.pad_token_id,
         "dtype": config.param_dtype,
     }
+    if t == "llama":
+        out.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
+    elif t == "mistral":
+        out.update(sliding_window=config.sliding_window)
+    else:
+        windows = config.layer_windows
+        types = ["full_attention" if w is None else "sliding_attention" for w in windows]
+        out.update(use_sliding_window=config.sliding_window is not None,
+                   sliding_window=config.sliding_window,
+                   max_window_layers=next((i for i, w in enumerate(windows) if w is not None),
+                                          config.num_hidden_layers),
+                   layer_types=types)
+        if t == "qwen3":
+            out.update(attention_bias=config.qkv_bias)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -202,7 +317,7 @@ def _weight_map(path: str) -> Dict[str, str]:
 
 
 def from_pretrained(path: PathLike, dtype: Any = None, param_dtype: Any = None) -> llama.Llama:
-    """Load an HF Llama directory into a `Llama`. A `.gguf`
+    """Load an HF directory of any supported family (`config_from_hf`) into a `Llama`. A `.gguf`
     file, or a directory holding one and no config.json, goes to `gguf.from_gguf`.
 
     `dtype` is the compute dtype and `param_dtype` the storage dtype: float32 for both by
@@ -265,7 +380,8 @@ def _hf_tensor(var: nnx.Variable, transpose: bool) -> np.ndarray:
 
 def save_pretrained(model: llama.Llama, path: PathLike,
                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
-    """Write `model` as an HF directory that `transformers.LlamaForCausalLM` loads.
+    """Write `model` as an HF directory that transformers loads as `config.model_type`'s
+    `*ForCausalLM` (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM).
 
     Writes config.json, generation_config.json and the weights in the model's parameter dtype:
     one `model.safetensors`, or when the weights exceed `max_shard_bytes`, shards
@@ -276,6 +392,7 @@ def save_pretrained(model: llama.Llama, path: PathLike,
     if max_shard_bytes <= 0:
         raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
     config = model.config
+    hf_config = config_to_hf(config)  # raises before anything is written
     path = os.fspath(path)
     os.makedirs(path, exist_ok=True)
     for f in os.listdir(path):
@@ -309,7 +426,7 @@ def save_pretrained(model: llama.Llama, path: PathLike,
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
 
     with open(os.path.join(path, CONFIG_NAME), "w", encoding="utf-8") as f:
-        json.dump(config_to_hf(config), f, indent=2)
+        json.dump(hf_config, f, indent=2)
     gen = {"bos_token_id": config.bos_token_id, "eos_token_id": _ids(config.eos_token_id),
            "pad_token_id": config.pad_token_id}
     with open(os.path.join(path, GENERATION_CONFIG_NAME), "w", encoding="utf-8") as f:

@@ -189,7 +189,8 @@ def config_from_gguf(path: PathLike, reader=None) -> llama.LlamaConfig:
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"GGUF file {path!r}: unsupported architecture {arch!r}; supported: "
-                         f"{SUPPORTED_ARCHITECTURES}")
+                         f"{SUPPORTED_ARCHITECTURES} (Qwen2/Qwen3/Mistral load from a Hugging "
+                         "Face safetensors directory, not from GGUF)")
 
     def need(key):
         value = _field(reader, f"{arch}.{key}")

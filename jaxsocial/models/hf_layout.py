@@ -1,6 +1,7 @@
-"""The Hugging Face tensor layout of a Llama, shared by the safetensors (`checkpoint_hf`) and
-GGUF (`gguf`) readers: every tensor's HF name, where it lives in our model and whether it is
-transposed ([out, in] in HF, [in, out] here), and the dtypes a loaded checkpoint gets.
+"""The Hugging Face tensor layout of the decoder (every family), shared by the safetensors
+(`checkpoint_hf`) and GGUF (`gguf`) readers: every tensor's HF name, where it lives in our
+model and whether it is transposed ([out, in] in HF, [in, out] here), and the dtypes a loaded
+checkpoint gets.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ class TensorSpec(NamedTuple):
 
 
 def param_specs(config: llama.LlamaConfig) -> List[TensorSpec]:
-    """Every HF tensor of a LlamaForCausalLM with `config`, in checkpoint order."""
+    """Every HF tensor of a *ForCausalLM with `config` (biases and q/k norms when its switches
+    say so), in checkpoint order."""
     specs = [TensorSpec("model.embed_tokens.weight", lambda m: m.embed_tokens, False)]
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
@@ -28,6 +30,15 @@ def param_specs(config: llama.LlamaConfig) -> List[TensorSpec]:
         for n in ("q", "k", "v", "o"):
             specs.append(TensorSpec(p + f"self_attn.{n}_proj.weight",
                                lambda m, L=layer, n=n: getattr(L(m).self_attn, n + "_proj"), True))
+            if config.qkv_bias and n != "o" or config.o_bias and n == "o":
+                specs.append(TensorSpec(
+                    p + f"self_attn.{n}_proj.bias",
+                    lambda m, L=layer, n=n: getattr(L(m).self_attn, n + "_bias"), False))
+        if config.qk_norm:
+            for n in ("q", "k"):
+                specs.append(TensorSpec(
+                    p + f"self_attn.{n}_norm.weight",
+                    lambda m, L=layer, n=n: getattr(L(m).self_attn, n + "_norm").weight, False))
         specs.append(TensorSpec(p + "post_attention_layernorm.weight",
                            lambda m, L=layer: L(m).post_attention_layernorm.weight, False))
         for n in ("gate", "up", "down"):

@@ -1,4 +1,6 @@
-"""Llama-3 family in Flax NNX: RMSNorm, RoPE (+ llama3 scaling), GQA, SwiGLU, explicit KV cache.
+"""One decoder in Flax NNX for Llama-3, Qwen2/Qwen2.5, Qwen3 and Mistral: RMSNorm, RoPE
+(+ llama3 / linear scaling), GQA, SwiGLU, explicit KV cache, and a few switches read from the HF
+config (`LlamaConfig.qkv_bias`, `o_bias`, `qk_norm`, `sliding_window`, `layer_types`).
 
 Shapes: B batch, T new tokens, S cache slots, H hidden, N query heads, K kv heads, D head dim,
 G = N // K query heads per kv head, V vocab, L layers.
@@ -25,6 +27,9 @@ Array = jax.Array
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+# The HF model_types this decoder covers; `model_type` only picks the HF class on export.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 _ROPE_REQUIRED_KEYS = {"default": (), "linear": ("factor",),
                        "llama3": ("factor", "low_freq_factor", "high_freq_factor",
                                   "original_max_position_embeddings")}
@@ -45,10 +50,23 @@ def dtype_name(dtype: Any) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
-    """Architecture + numerics of a Llama-3 family model (field names follow HF's LlamaConfig).
+    """Architecture + numerics of one decoder (field names follow HF's configs).
 
     `rope_scaling` is stored as a sorted tuple of (key, value) pairs so the config stays
     hashable (it is a static argument under jit); pass a dict, read `rope_scaling_dict`.
+
+    Family switches (defaults are Llama's; `checkpoint_hf.config_from_hf` sets them from an HF
+    config, never from a model name):
+    - qkv_bias: q/k/v projections have biases (Qwen2 always; Qwen3 when attention_bias).
+    - o_bias: the output projection has a bias (Qwen3 with attention_bias).
+    - qk_norm: per-head RMSNorm (weight [D]) on q and k before RoPE (Qwen3).
+    - sliding_window: a query attends only to keys fewer than this many cache slots back
+      (Mistral; Qwen2/3 with use_sliding_window). Slots are counted as transformers counts
+      cache positions; for a left-padded row (real tokens contiguous) that equals tokens.
+    - layer_types: per-layer "full_attention" | "sliding_attention" (Qwen2/3); None means every
+      layer uses `sliding_window` (full attention when that is None).
+    - model_type: which HF family `checkpoint_hf.save_pretrained` writes; it selects nothing in
+      the forward pass.
     """
 
     vocab_size: int = 128256
@@ -71,6 +89,12 @@ class LlamaConfig:
     # Rematerialise each decoder layer in the backward pass (full-sequence forwards only):
     # activation memory drops from all layers' intermediates to their inputs.
     remat: bool = False
+    model_type: str = "llama"
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: Optional[int] = None
+    layer_types: Optional[tuple] = None
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -91,6 +115,24 @@ class LlamaConfig:
                 (k, tuple(v) if isinstance(v, list) else v) for k, v in self.rope_scaling.items())))
         if isinstance(self.eos_token_id, list):
             set_("eos_token_id", tuple(self.eos_token_id))
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"unsupported model_type {self.model_type!r}; supported: "
+                             f"{SUPPORTED_MODEL_TYPES}")
+        if self.sliding_window is not None and (
+                isinstance(self.sliding_window, bool) or int(self.sliding_window) < 1):
+            raise ValueError(f"sliding_window must be a positive int or None, got "
+                             f"{self.sliding_window!r}")
+        if self.layer_types is not None:
+            set_("layer_types", tuple(self.layer_types))
+            if len(self.layer_types) != self.num_hidden_layers:
+                raise ValueError(f"layer_types has {len(self.layer_types)} entries for "
+                                 f"num_hidden_layers={self.num_hidden_layers}")
+            bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
+            if bad:
+                raise ValueError(f"unsupported layer_types {bad}; supported: {LAYER_TYPES}")
+            if "sliding_attention" in self.layer_types and self.sliding_window is None:
+                raise ValueError("layer_types has 'sliding_attention' layers but "
+                                 "sliding_window is None")
         for name in ("dtype", "param_dtype"):
             value = getattr(self, name)
             if not isinstance(value, str):
@@ -123,12 +165,22 @@ class LlamaConfig:
             return ()
         return tuple(eos) if isinstance(eos, (tuple, list)) else (int(eos),)
 
+    @property
+    def layer_windows(self) -> tuple:
+        """Per layer: the sliding window (int) or None for full causal attention."""
+        if self.layer_types is None:
+            return (self.sliding_window,) * self.num_hidden_layers
+        return tuple(self.sliding_window if t == "sliding_attention" else None
+                     for t in self.layer_types)
+
     def replace(self, **kw) -> "LlamaConfig":
         return dataclasses.replace(self, **kw)
 
     def num_params(self) -> int:
         h, i, v, d = self.hidden_size, self.intermediate_size, self.vocab_size, self.head_dim
-        attn = h * d * (self.num_attention_heads * 2 + self.num_key_value_heads * 2)
+        n, k = self.num_attention_heads, self.num_key_value_heads
+        attn = h * d * (n * 2 + k * 2)
+        attn += (n + 2 * k) * d * self.qkv_bias + h * self.o_bias + 2 * d * self.qk_norm
         layer = attn + 3 * h * i + 2 * h
         return v * h * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * layer + h
 
@@ -259,6 +311,8 @@ class LlamaOutput:
 def _param(rngs: nnx.Rngs, shape: Sequence[int], names: tuple, dtype, init: str = "normal"):
     if init == "ones":
         value = jnp.ones(shape, dtype)
+    elif init == "zeros":
+        value = jnp.zeros(shape, dtype)
     else:
         value = (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
     return nnx.Param(value, out_sharding=names, eager_sharding=False)
@@ -283,16 +337,33 @@ class Attention(nnx.Module):
         self.k_proj = _param(rngs, (h, k * d), ("embed", "kv_heads"), pd)
         self.v_proj = _param(rngs, (h, k * d), ("embed", "kv_heads"), pd)
         self.o_proj = _param(rngs, (n * d, h), ("q_heads", "embed"), pd)
+        # Biases (HF initialises them to zero): q_bias [N*D], k_bias / v_bias [K*D], o_bias [H].
+        bias = lambda size, names: _param(rngs, (size,), names, pd, init="zeros")  # noqa: E731
+        self.q_bias = bias(n * d, ("q_heads",)) if cfg.qkv_bias else None
+        self.k_bias = bias(k * d, ("kv_heads",)) if cfg.qkv_bias else None
+        self.v_bias = bias(k * d, ("kv_heads",)) if cfg.qkv_bias else None
+        self.o_bias = bias(h, ("embed",)) if cfg.o_bias else None
+        # QK-norm: one RMSNorm weight [D] shared by all heads (Qwen3).
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps, pd, rngs) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps, pd, rngs) if cfg.qk_norm else None
         self.n, self.k, self.d = n, k, d
+
+    @staticmethod
+    def _linear(x, kernel, bias):
+        dt = x.dtype
+        y = x @ kernel[...].astype(dt)
+        return y if bias is None else y + bias[...].astype(dt)
 
     def __call__(self, x, positions, inv_freq, bias, kv_fn):
         """x [B, T, H]; bias [B, T, S] additive mask; kv_fn stores new k/v and returns the
         full keys/values [B, S, K, D] to attend to."""
         b, t, _ = x.shape
         dt = x.dtype
-        q = (x @ self.q_proj[...].astype(dt)).reshape(b, t, self.n, self.d)
-        k = (x @ self.k_proj[...].astype(dt)).reshape(b, t, self.k, self.d)
-        v = (x @ self.v_proj[...].astype(dt)).reshape(b, t, self.k, self.d)
+        q = self._linear(x, self.q_proj, self.q_bias).reshape(b, t, self.n, self.d)
+        k = self._linear(x, self.k_proj, self.k_bias).reshape(b, t, self.k, self.d)
+        v = self._linear(x, self.v_proj, self.v_bias).reshape(b, t, self.k, self.d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q, positions, inv_freq)
         k = apply_rope(k, positions, inv_freq)
         keys, values = kv_fn(k, v)
@@ -303,7 +374,7 @@ class Attention(nnx.Module):
         scores = scores + bias[:, None, None, :, :]
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, values.astype(dt))
-        return out.reshape(b, t, self.n * self.d) @ self.o_proj[...].astype(dt)
+        return self._linear(out.reshape(b, t, self.n * self.d), self.o_proj, self.o_bias)
 
 
 class MLP(nnx.Module):
@@ -338,7 +409,8 @@ _MASK_VALUE = float(jnp.finfo(jnp.float32).min)
 
 
 class Llama(nnx.Module):
-    """Llama-3 causal LM. `model(ids, attention_mask=mask)` -> logits [B, T, V] float32;
+    """The causal LM of every supported family (Llama-3, Qwen2/2.5, Qwen3, Mistral; see
+    LlamaConfig's switches). `model(ids, attention_mask=mask)` -> logits [B, T, V] float32;
     `model.forward(ids, mask, cache=...)` -> LlamaOutput(logits, hidden, cache)."""
 
     def __init__(self, config: LlamaConfig, *, rngs: nnx.Rngs):
@@ -370,6 +442,8 @@ class Llama(nnx.Module):
         slots [cache.index, cache.index + T) and attend to every earlier real slot; their
         positions continue from `cache.lengths`. Outside jit, writing past the cache's
         max_len raises ValueError; under jit it cannot be checked (size the cache).
+        Sliding-window layers attend to the last `sliding_window` slots only (the cache still
+        keeps every slot).
         """
         cfg = self.config
         chex.assert_rank(input_ids, 2)
@@ -384,8 +458,8 @@ class Llama(nnx.Module):
         inv_freq = rope_inv_freq(cfg)
 
         if cache is None:
-            causal = jnp.tril(jnp.ones((t, t), bool))
-            allowed = causal[None] & mask[:, None, :]
+            q_slot = kv_slot = jnp.arange(t)
+            allowed = (kv_slot[None, :] <= q_slot[:, None])[None] & mask[:, None, :]
             kv_fns = [lambda k, v: (k, v)] * cfg.num_hidden_layers
             new_cache = None
         else:
@@ -402,8 +476,8 @@ class Llama(nnx.Module):
                 raise ValueError(f"KV cache overflow: {int(idx)} slots used + {t} new tokens > "
                                  f"max_len {s}")
             slot_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, idx))
-            q_slot = idx + jnp.arange(t)
-            allowed = (jnp.arange(s)[None, :] <= q_slot[:, None])[None] & slot_mask[:, None, :]
+            q_slot, kv_slot = idx + jnp.arange(t), jnp.arange(s)
+            allowed = (kv_slot[None, :] <= q_slot[:, None])[None] & slot_mask[:, None, :]
             store = {"k": list(cache.k), "v": list(cache.v)}
 
             def make_kv_fn(layer):
@@ -416,7 +490,15 @@ class Llama(nnx.Module):
                 return kv_fn
 
             kv_fns = [make_kv_fn(i) for i in range(cfg.num_hidden_layers)]
-        bias = jnp.where(allowed, 0.0, _MASK_VALUE).astype(jnp.float32)
+        # One additive bias [B, T, S] per distinct window. A sliding window counts cache slots
+        # (transformers' cache positions: kv_slot > q_slot - window), not token positions.
+        biases = {}
+        for window in dict.fromkeys(cfg.layer_windows):
+            ok = allowed
+            if window is not None:
+                ok = ok & (kv_slot[None, :] > q_slot[:, None] - window)[None]
+            biases[window] = jnp.where(ok, 0.0, _MASK_VALUE).astype(jnp.float32)
+        layer_biases = [biases[w] for w in cfg.layer_windows]
 
         # Gather, then cast: casting the whole [V, H] table every call costs V*H per step.
         x = self.embed_tokens[...][input_ids].astype(dt)
@@ -424,10 +506,10 @@ class Llama(nnx.Module):
             def run_layer(layer, x, positions, bias):
                 return layer(x, positions, inv_freq, bias, kv_fns[0])
             run_layer = nnx.remat(run_layer)
-            for layer in self.layers:
+            for layer, bias in zip(self.layers, layer_biases):
                 x = run_layer(layer, x, positions, bias)
         else:
-            for layer, kv_fn in zip(self.layers, kv_fns):
+            for layer, kv_fn, bias in zip(self.layers, kv_fns, layer_biases):
                 x = layer(x, positions, inv_freq, bias, kv_fn)
         hidden = self.norm(x)
         if cache is not None:

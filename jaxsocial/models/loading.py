@@ -3,8 +3,9 @@
 Used by the training loop, the tournament's LLM agents and the lm-eval model, so all three read
 checkpoints, pick tokenizers and stop generation by the same rule:
 
-- a path (a Hugging Face directory, a `.gguf` file or a directory holding one) is read by
-  `checkpoint_hf.from_pretrained`, its tokenizer by `checkpoint_hf.load_tokenizer`;
+- a path (a Hugging Face directory of any supported family: llama, mistral, qwen2, qwen3; a
+  llama `.gguf` file or a directory holding one) is read by `checkpoint_hf.from_pretrained`,
+  its tokenizer by `checkpoint_hf.load_tokenizer`;
 - a preset name (`llama.PRESETS`: 'tiny', 'small_20m', ...) is a randomly initialised model
   (`seed`) with the committed tiny tokenizer unless `tokenizer` is given;
 - stop ids (`stop_token_ids`) = the tokenizer's eos + the chat template's end-of-turn token +

@@ -1,4 +1,5 @@
-"""LoRA (Hu et al. 2021) for the Llama's projection matrices: train adapters only.
+"""LoRA (Hu et al. 2021) for the decoder's projection matrices (every family: the q/k/v/o and
+MLP kernels by name; biases and QK-norm weights stay frozen): train adapters only.
 
 For every targeted kernel W [in, out] the policy uses W + (alpha / rank) * A @ B with
 A [in, rank] (uniform +-1/sqrt(in), as PEFT's kaiming init) and B [rank, out] (zeros), so the

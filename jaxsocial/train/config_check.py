@@ -140,8 +140,9 @@ def check(config: ml_collections.ConfigDict) -> None:
     need(not (_get(config, "model.require_checkpoint", False)
               and not _get(config, "model.checkpoint", "")),
          f"model.checkpoint is empty but config {_get(config, 'name', '?')!r} needs one "
-         f"(--config.model.checkpoint=/path/to/a Hugging Face Llama directory or .gguf; for a "
-         f"CPU run without weights use --config=configs/demo.py)")
+         f"(--config.model.checkpoint=/path/to/a Hugging Face Llama, Mistral, Qwen2 or Qwen3 "
+         f"directory, or a Llama .gguf; for a CPU run without weights use "
+         f"--config=configs/demo.py)")
     if not problems and "society" in config:
         try:
             society.make_params(**dict(config.society), num_agents=int(agents),
