@@ -1,12 +1,20 @@
 """Throughput of the social-learning tournament: populations x rounds per second.
 
     python benchmarks/tournament.py [--seeds 1000] [--python-pops 20] [--repeats 3]
+    python benchmarks/tournament.py --llm=smol [--llm-seeds 2 --llm-rounds 3]   # + LLM agents
 
 Every baseline runs vectorised over `--seeds` populations of 10 agents x 25 arms x 100 rounds
 (one jitted `rollout_batch` call, compile excluded). The peer, measured in the same run, is a
 straightforward pure-Python solo UCB1 (lists, `random.gauss`, one agent and arm at a time: the
 way the paper's experiment code plays the bandit). Prints a table and the ratio; the last line
 is one JSON object.
+
+`--llm` (a checkpoint path, a preset such as `tiny`, or `smol` for the packaged
+SmolLM2-135M-Instruct) adds a row for LLM agents playing social populations of the same size
+(`--llm-seeds` populations x `--llm-rounds` rounds, two generations per agent and round): one
+untimed run compiles every prompt bucket, the same run is then timed. Its population-rounds/s
+is not comparable to the algorithmic rows' (a model answers every decision); generated tokens/s
+is printed beside it.
 """
 from __future__ import annotations
 
@@ -49,11 +57,36 @@ def python_solo_ucb(seed: int, n: int = 10, k: int = 25, t_max: int = 100) -> fl
     return total / n
 
 
+def llm_rate(args, params) -> dict:
+    """LLM agents (social populations, `params`' agents and arms): compile run, then timed run."""
+    from jaxsocial.envs import llm_agent
+
+    ckpt = args.llm
+    if ckpt == "smol":
+        from jaxsocial.models import zoo
+        ckpt = zoo.smollm2_135m_instruct()
+    agent = llm_agent.LLMAgent.load(ckpt, llm_agent.LLMAgentConfig(max_learn_tokens=16,
+                                                                   max_pull_tokens=16))
+    p = params.replace(num_rounds=args.llm_rounds, social=True)
+    keys = jax.random.split(jax.random.key(0), args.llm_seeds)
+    agent.run(keys, p)  # compiles every prompt bucket this run meets
+    t0 = time.perf_counter()
+    run = agent.run(keys, p)
+    dt = time.perf_counter() - t0
+    return {"checkpoint": args.llm, "seeds": args.llm_seeds, "rounds": args.llm_rounds,
+            "seconds": round(dt, 2), "pop_rounds_per_s": round(args.llm_seeds * args.llm_rounds
+                                                               / dt, 4),
+            "gen_tokens_per_s": round(float(run.traj.tokens.sum()) / dt, 1)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=1000)
     ap.add_argument("--python-pops", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--llm", default="", help="checkpoint path, preset, or 'smol'")
+    ap.add_argument("--llm-seeds", type=int, default=2)
+    ap.add_argument("--llm-rounds", type=int, default=3)
     args = ap.parse_args()
     params = sl.EnvParams()  # 10 agents x 25 arms x 100 rounds
     keys = jax.random.split(jax.random.key(0), args.seeds)
@@ -78,9 +111,14 @@ def main():
     for name, r in rates.items():
         print(f"{'jax ' + name + f' x{args.seeds}':<34}{r:>22,.0f}")
     print(f"{'python solo_ucb loop':<34}{py_rate:>22,.0f}")
+    llm = llm_rate(args, params) if args.llm else None
+    if llm:
+        name = f"llm {args.llm} x{args.llm_seeds} ({args.llm_rounds} rounds)"
+        print(f"{name:<34}{llm['pop_rounds_per_s']:>22,.3f}   ({llm['gen_tokens_per_s']:.1f} "
+              f"generated tok/s, {llm['seconds']:.1f} s)")
     ratio = rates["solo_ucb"] / py_rate
     print(f"solo UCB1: vectorised JAX / pure-Python loop = {ratio:.1f}x")
-    print(json.dumps({"benchmark": "social_learning_tournament", "seeds": args.seeds,
+    print(json.dumps({"llm": llm, "benchmark": "social_learning_tournament", "seeds": args.seeds,
                       "agents": params.num_agents, "arms": params.num_arms,
                       "rounds": params.num_rounds,
                       "jax_pop_rounds_per_s": {k: round(v, 1) for k, v in rates.items()},
