@@ -11,7 +11,7 @@ import pytest
 
 from jaxsocial.social import society, text_bank
 from jaxsocial.social.state import PAD_TOKEN, PostKind
-from jaxsocial.train import loop
+from jaxsocial.train import loop, sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-5
@@ -31,7 +31,8 @@ def grounded():
     and quotes all occur."""
     c = load_config("demo", "smoke")
     c.crowd_text.topics = ()  # every topic (the demo keeps one): crowd interests span 14 topics
-    run = loop.SocialRL(c)
+    # One device: this is about text, not sharding (an epoch over 8 fake devices costs ~10x).
+    run = loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
     state = run.init_state()
     soc0 = state.society
     soc, _ = run._rollout(state.train.params, state.train.ref_params, soc0, jax.random.key(1))
