@@ -72,13 +72,16 @@ def sampling_logits(logits: Array, config: SamplingConfig,
     if not config.greedy:
         x = x / config.temperature
     vocab = x.shape[-1]
+    top = None
     if 0 < config.top_k < vocab:
-        kth = jax.lax.top_k(x, config.top_k)[0][..., -1:]
-        x = jnp.where(x >= kth, x, NEG_INF)
+        top = jax.lax.top_k(x, config.top_k)[0]  # [..., k] descending
+        x = jnp.where(x >= top[..., -1:], x, NEG_INF)
     if config.top_p < 1.0:
         # Keep the smallest descending prefix whose mass reaches top_p: an entry is kept while
-        # the mass before it is still < top_p (the first token is always kept).
-        x = jnp.where(x >= _nucleus(jnp.sort(x, axis=-1)[..., ::-1], config.top_p), x, NEG_INF)
+        # the mass before it is still < top_p (the first token is always kept). With top-k on,
+        # the nucleus lies inside the k candidates (the rest have zero mass): no full-vocab sort.
+        ranked = top if top is not None else jnp.sort(x, axis=-1)[..., ::-1]
+        x = jnp.where(x >= _nucleus(ranked, config.top_p), x, NEG_INF)
     return x
 
 
