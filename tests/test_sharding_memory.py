@@ -75,6 +75,17 @@ def test_memory_estimate_scales_with_mesh_and_warns():
     assert memory.check_fits(eight, 1000 * memory.GiB)
 
 
+@pytest.mark.parametrize("switches", [{}, dict(qkv_bias=True, o_bias=True, qk_norm=True,
+                                               model_type="qwen3")])
+def test_parameter_count_of_every_family_matches_the_model(switches):
+    """The estimator's parameter table counts what the NNX model holds (biases, QK-norm)."""
+    cfg = llama.preset("tiny", head_dim=24, **switches)
+    model = llama.init(cfg)
+    actual = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    table = sum(np.prod(shape) * count for shape, _, count in memory._param_shapes(cfg).values())
+    assert table == actual == cfg.num_params()
+
+
 def _saved_residual_bytes(fn, *args):
     """Bytes of the residuals jax saves for fn's backward pass (parsed from the public
     `print_saved_residuals`, lines like `f32[4,128,64] from ...`)."""

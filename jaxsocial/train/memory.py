@@ -79,6 +79,13 @@ def _param_shapes(cfg: LlamaConfig) -> Dict[str, tuple]:
     }
     if not cfg.tie_word_embeddings:
         out["lm_head"] = ((h, v), ("embed", "vocab"), 1)
+    if cfg.qkv_bias:  # Qwen2, Qwen3 with attention_bias
+        out["q_bias"] = ((n * d,), ("q_heads",), L)
+        out["kv_bias"] = ((k * d,), ("kv_heads",), 2 * L)
+    if cfg.o_bias:
+        out["o_bias"] = ((h,), ("embed",), L)
+    if cfg.qk_norm:  # Qwen3: one [D] weight each for q and k per layer
+        out["qk_norm"] = ((d,), ("norm",), 2 * L)
     return out
 
 
