@@ -1,7 +1,9 @@
-"""Recommender systems: random, reddit hot, personalized ("twitter").  Batched over users.
+"""Recommender systems: random, reddit hot, personalized ("twitter"), TwHIN ("twhin").  Batched
+over users.
 
 Every recommender scores a candidate set per user and keeps the top K:
 - shared pool: the C best posts of the whole buffer by a user-independent prior (O(P) once),
+  or (twhin) C uniformly random live posts, as OASIS's TwHIN recommender samples 4,000,
 - per-user in-network candidates (twitter only): the latest post of I sampled followees,
 so the cost is O(P + B (C + I) d) -- never a dense users x posts matrix.  Then a cheap pass over
 the top `K + overfetch` drops duplicates and posts by muted authors and keeps the best K.  Posts
@@ -15,7 +17,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxsocial.social.state import EMPTY, PostKind, SocialParams, SocialState
+from jaxsocial.social.actions import ActionBatch, ActionType, ApplyInfo, Reason
+from jaxsocial.social.state import EMPTY, PostKind, SocialParams, SocialState, normalize
 
 REDDIT_EPOCH_SECONDS = 1134028003  # OASIS / reddit's reference epoch
 _NEG = -jnp.inf
@@ -92,6 +95,64 @@ def _personalized_from_cos(cos, age, likes, in_network, w_sim, w_rec, w_pop, w_i
     return w_sim * cos + prior
 
 
+def twhin_score(profile, post_emb, age):
+    """OASIS's personalized TwHIN score: cos(profile, post) * recency(age), with OASIS's recency
+    ln((271.8 - age) / 100) clipped at 0 (`recency_decay(age, "oasis_clipped")`), so posts older
+    than 171.8 ticks score 0 instead of inverting the ranking.  (A negative cosine times a smaller
+    recency is still a *higher* score: OASIS's product, kept as published.)
+
+    profile `[B, d]` (any norm: the running-mean profile or its sum); post_emb `[C, d]`;
+    age `[C]` ticks.  Returns `[B, C]` float32.
+    """
+    cos = normalize(profile) @ normalize(post_emb).T
+    return cos * recency_decay(age, "oasis_clipped")[None, :]
+
+
+def twhin_candidates(key, state: SocialState, params: SocialParams):
+    """The TwHIN recommender's shared candidates: a uniform random subset of
+    C = min(twhin_candidates, P) slots among the live non-comment posts (all of them when fewer
+    are live; the rest are marked invalid).  Same key, same set.  Returns (slots `[C]` int32,
+    valid `[C]` bool).  O(P log C)."""
+    posts = state.posts
+    live = (posts.id >= 0) & (posts.kind != PostKind.COMMENT)
+    c = min(params.twhin_candidates, posts.capacity)
+    r = jnp.where(live, jax.random.uniform(key, (posts.capacity,)), -1.0)
+    _, slot = jax.lax.top_k(r, c)
+    return slot.astype(jnp.int32), live[slot]
+
+
+def update_profiles(before: SocialState, after: SocialState, actions: ActionBatch,
+                    info: ApplyInfo, params: SocialParams) -> SocialState:
+    """Fold one applied action batch into the TwHIN profiles of `after` (a no-op unless
+    recsys == "twhin").
+
+    Every accepted like_post (of the effective post: a repost's original) and every accepted
+    create_post / repost / quote_post adds that post's embedding to its actor's `profile_sum`
+    and 1 to `profile_count`, so the profile is the running mean over the bio and all those
+    posts; the bio keeps weight 1 / profile_count.  Unlikes do not subtract (a running mean of
+    what the user engaged with), comments and comment likes do not count (OASIS's profile reads
+    the post table).  `before` is the state the batch was applied to (a liked post's embedding
+    is read there: it may be overwritten in `after`); `after` must hold the created posts'
+    final embeddings.  actions `[B]`; cost O(B d) (a scatter-add into `[N, d]`).
+    """
+    if params.recsys != "twhin":
+        return after
+    t = actions.type
+    ok = info.reason == Reason.OK
+    liked = ok & (t == ActionType.LIKE_POST)
+    made = ok & ((t == ActionType.CREATE_POST) | (t == ActionType.REPOST)
+                 | (t == ActionType.QUOTE_POST))
+    liked_emb = before.posts.embedding[before.posts.slot(info.effective_target)]
+    made_emb = after.posts.embedding[after.posts.slot(info.created_id)]
+    emb = jnp.where(liked[:, None], liked_emb, made_emb)
+    n = params.num_users
+    row = jnp.where(liked | made, actions.actor, n)  # out of range -> dropped
+    users = after.users
+    return after.replace(users=users.replace(
+        profile_sum=users.profile_sum.at[row].add(emb, mode="drop"),
+        profile_count=users.profile_count.at[row].add(1, mode="drop")))
+
+
 def post_seconds(state: SocialState, params: SocialParams, created_at_tick):
     """Wall-clock seconds of a tick: start_seconds + tick * seconds_per_tick (int32)."""
     return params.start_seconds + created_at_tick * params.seconds_per_tick
@@ -159,7 +220,9 @@ def recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soci
     Candidates never include comments, the user's own posts (unless `exclude_own=False`), posts
     by authors the user muted, or (seen_policy="exclude") posts in the user's seen ring;
     "downweight" subtracts `seen_penalty` instead.  `explore_frac` of the slots are swapped for
-    uniformly random live posts.  Pure; does not mark the feed as seen (see `mark_seen`).
+    uniformly random live posts.  twhin: the shared candidates are `twhin_candidates` (drawn
+    with `key`), scored by `twhin_score` of the users' profiles.  Pure; does not mark the feed
+    as seen (see `mark_seen`).
     """
     chex.assert_rank(users, 1)
     chex.assert_type(users, jnp.int32)
@@ -173,7 +236,14 @@ def recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soci
     span = posts.next_id - lo
 
     seen = state.memory.seen[u]  # [B, S]
-    if params.recsys == "random":
+    if params.recsys == "twhin":
+        cslot, cok = twhin_candidates(k_cand, state, params)
+        pid = jnp.where(cok, posts.id[cslot], EMPTY)
+        age = state.tick - posts.created_at[cslot]
+        score = twhin_score(state.users.profile_sum[u], posts.embedding[cslot], age)
+        score = _pool_seen(jnp.where(cok[None, :], score, _NEG), pid, seen, params)
+        ids = jnp.broadcast_to(pid, score.shape)
+    elif params.recsys == "random":
         kk = k + params.overfetch
         ids = lo + jnp.floor(jax.random.uniform(k_cand, (b, kk)) * span).astype(jnp.int32)
         ids = jnp.where(span > 0, jnp.minimum(ids, posts.next_id - 1), EMPTY)
