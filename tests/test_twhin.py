@@ -63,8 +63,9 @@ def world():
 def np_twhin_feed(s, params, u, cand, *, recency=True, clip=True, profile="running_mean"):
     """The TwHIN rule for user `u` in NumPy (float64): over the candidate slots `cand` (live
     non-comment posts), score = cos(profile_u, post) * max(ln((271.8 - age) / 100), 0); drop
-    own posts, muted authors and seen posts; keep the top K.  Returns (ids [K], scores [K]),
-    -1 / -inf padded.  The keywords build deliberately broken variants (negative controls)."""
+    own posts and seen posts, cut to the top K + overfetch, drop muted authors, keep the top K.
+    Returns (ids [K], scores [K]), -1 / -inf padded.  The keywords build deliberately broken
+    variants (negative controls)."""
     posts = s.posts
     if profile == "running_mean":
         prof = s.users.profile_sum[u] / s.users.profile_count[u]
@@ -78,13 +79,14 @@ def np_twhin_feed(s, params, u, cand, *, recency=True, clip=True, profile="runni
         if posts.id[i] < 0 or posts.kind[i] == PostKind.COMMENT:
             continue
         a = int(posts.author[i])
-        if a == u or a in muted or int(posts.id[i]) in seen:
+        if a == u or int(posts.id[i]) in seen:
             continue
         e = posts.embedding[i] / np.linalg.norm(posts.embedding[i])
         age = float(s.tick - posts.created_at[i])
         sc = float(prof @ e) * (oasis_recency(age, clip) if recency else 1.0)
-        out.append((int(posts.id[i]), sc))
+        out.append((int(posts.id[i]), sc, a))
     out.sort(key=lambda c: -c[1])
+    out = [o for o in out[:params.feed_size + params.overfetch] if o[2] not in muted]
     out = out[:params.feed_size]
     out += [(-1, -np.inf)] * (params.feed_size - len(out))
     return np.array([o[0] for o in out]), np.array([o[1] for o in out])
@@ -112,14 +114,22 @@ def _candidates(key, state, params):
     return np.asarray(slots)[np.asarray(valid)]
 
 
-def test_feed_equals_numpy_rule(world):
+@pytest.mark.parametrize("path", ["one_block", "blocks_grouped_top_k"])
+def test_feed_equals_numpy_rule(world, path, monkeypatch):
+    """The feed equals the NumPy rule, also when users are scored in several blocks (one padded)
+    and the per-block top-k takes the grouped path (as at C = 4,000)."""
     params, state = world
+    if path == "blocks_grouped_top_k":
+        monkeypatch.setattr(recsys, "_TWHIN_BLOCK", 7)
+        monkeypatch.setattr(recsys, "_TOPK_GROUP", 2)
+        params = params.replace(overfetch=3)  # top 8 of 32 candidates in groups of 2
     s = jax.device_get(state)
     users = jnp.arange(N, dtype=jnp.int32)
     ages = s.tick - s.posts.created_at
+    f = jax.jit(lambda k, st, us: recsys.recommend(k, st, us, params))  # traced here
     for key in range(3):
         k = jax.random.key(key)
-        feed = rec(k, state, users, params)
+        feed = f(k, state, users)
         cand = _candidates(k, state, params)
         assert mismatches(feed, s, params, cand) == []
         assert np.asarray(feed.valid).mean() > 0.9
@@ -270,3 +280,20 @@ def test_no_users_by_posts_intermediate(world):
     walk(jaxpr.jaxpr)
     assert any(P in s for s in shapes) and (b, C) in shapes
     assert not [s for s in shapes if b in s and P in s]
+
+
+def test_grouped_top_k_equals_top_k():
+    """The recommender's grouped top-k returns lax.top_k's values, at indices holding them."""
+    rng = np.random.default_rng(0)
+    x = np.round(rng.normal(size=(9, 4000)), 2).astype(np.float32)  # many ties
+    x[0, :3990] = -np.inf  # fewer finite values than k
+    x[1] = 0.0
+    for k in (1, 14, 40):
+        want_v, want_i = jax.lax.top_k(jnp.asarray(x), k)
+        v, i = jax.jit(recsys._top_k_grouped, static_argnums=1)(jnp.asarray(x), k)
+        np.testing.assert_array_equal(np.asarray(v), np.asarray(want_v))
+        np.testing.assert_array_equal(np.take_along_axis(x, np.asarray(i), 1), np.asarray(v))
+        assert all(len(set(r)) == k for r in np.asarray(i))
+        x2 = rng.permutation(4000)[None].astype(np.float32)  # distinct: same indices
+        np.testing.assert_array_equal(np.asarray(recsys._top_k_grouped(jnp.asarray(x2), k)[1]),
+                                      np.asarray(jax.lax.top_k(jnp.asarray(x2), k)[1]))
