@@ -2,6 +2,7 @@
 
     python benchmarks/society_scale.py                   # 1e4, 1e5, 1e6
     python benchmarks/society_scale.py --sizes 10000 100000 --ticks 3
+    python benchmarks/society_scale.py --sizes 1000000 --recsys twitter twhin   # tick ratio
 
 A tick = personalized recsys for every active crowd user (shared pool of C candidates +
 in-network posts of followees) + vectorized reactions + apply_actions (segment sums, conflict
@@ -10,9 +11,13 @@ from configs/million.py (`society_config(n)`): ~5% of users active per tick, C =
 random posts.  Each N runs in its own process so peak RSS is per size; compile and the first
 tick are excluded, the median of `--ticks` ticks is kept.  The peer, measured in the same run at
 the smallest N: OASIS's dense personalized recommender (cosine of every user x every post, then
-top-k: the users x posts matrix our recsys avoids) on the same embeddings, jitted.
+top-k: the users x posts matrix our recsys avoids) on the same embeddings, jitted; skipped when
+the smallest N is over 20,000 (that matrix would not fit).
 slope = least-squares d log(seconds) / d log(N) over the sizes.
-Last line: `n=<largest N> seconds_per_tick=... peak_rss_gb=... slope=...`.
+`--recsys` (default twitter) runs every size with each named recommender (configs/million.py's
+sizes; twhin scores `twhin_candidates` = 4,000 random posts, as OASIS does), back to back, one
+process per (N, recsys); with several, a line per N gives each one's tick / the first one's.
+Last line: `n=<largest N> seconds_per_tick=... peak_rss_gb=... slope=...` (of the last recsys).
 """
 from __future__ import annotations
 
@@ -39,12 +44,12 @@ def _config(n):
     return mod.society_config(n)
 
 
-def measure(n: int, ticks: int, peer: bool) -> dict:
+def measure(n: int, ticks: int, peer: bool, recsys: str = "twitter") -> dict:
     import jax
 
     from jaxsocial.social import metrics, society
 
-    params = society.make_params(**dict(_config(n)))
+    params = society.make_params(**{**dict(_config(n)), "recsys": recsys})
     t0 = time.perf_counter()
     state = jax.block_until_ready(society.reset(jax.random.key(0), params))
     reset_s = time.perf_counter() - t0
@@ -66,7 +71,7 @@ def measure(n: int, ticks: int, peer: bool) -> dict:
     t0 = time.perf_counter()
     m = jax.block_until_ready(measure(state, info))
     metrics_s = time.perf_counter() - t0
-    out = dict(n=n, seconds_per_tick=statistics.median(times), first_tick_s=first_s,
+    out = dict(n=n, recsys=recsys, seconds_per_tick=statistics.median(times), first_tick_s=first_s,
                reset_s=reset_s, metrics_s=metrics_s, active=int(m["active_crowd"]),
                actions=int(m["action_counts"].sum()),
                peak_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
@@ -89,24 +94,28 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     ap.add_argument("--ticks", type=int, default=3)
+    ap.add_argument("--recsys", nargs="+", default=["twitter"],
+                    choices=["random", "reddit", "twitter", "twhin"])
     ap.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
-        print(json.dumps(measure(a.one, a.ticks, a.peer)))
+        print(json.dumps(measure(a.one, a.ticks, a.peer, a.recsys[0])))
         return
     import numpy as np
     rows = []
-    for i, n in enumerate(a.sizes):
-        cmd = [sys.executable, __file__, "--one", str(n), "--ticks", str(a.ticks)]
-        if i == 0:
+    for i, (n, rs) in enumerate((n, rs) for n in a.sizes for rs in a.recsys):
+        cmd = [sys.executable, __file__, "--one", str(n), "--ticks", str(a.ticks),
+               "--recsys", rs]
+        if i == 0 and n <= 20_000:  # the dense peer's users x posts matrix is 4 N^2 bytes
             cmd.append("--peer")
         res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         if res.returncode != 0:
-            sys.exit(f"n={n} failed:\n{res.stderr[-3000:]}")
+            sys.exit(f"n={n} recsys={rs} failed:\n{res.stderr[-3000:]}")
         row = json.loads(res.stdout.strip().splitlines()[-1])
         rows.append(row)
-        print(f"n={n:>9,d} active={row['active']:>7,d} actions={row['actions']:>8,d} "
+        print(f"n={n:>9,d} recsys={rs:<7s} active={row['active']:>7,d} "
+              f"actions={row['actions']:>8,d} "
               f"seconds_per_tick={row['seconds_per_tick']:.4f} "
               f"(first tick incl. compile {row['first_tick_s']:.1f} s, reset {row['reset_s']:.1f}"
               f" s, metrics {row['metrics_s']:.3f} s) peak_rss_gb={row['peak_rss_gb']:.2f}",
@@ -115,6 +124,12 @@ def main():
             print(f"  peer at n={n:,d}: dense users x posts recsys alone "
                   f"{row['dense_recsys_s']:.4f} s; our whole tick / dense recsys = "
                   f"{row['seconds_per_tick'] / row['dense_recsys_s']:.3f}", flush=True)
+        if rs == a.recsys[-1] and len(a.recsys) > 1:
+            base = rows[-len(a.recsys)]
+            print(f"  n={n:,d} seconds_per_tick / {a.recsys[0]}'s: " + " ".join(
+                f"{r['recsys']}={r['seconds_per_tick'] / base['seconds_per_tick']:.2f}"
+                for r in rows[-len(a.recsys):]), flush=True)
+    rows = [r for r in rows if r["recsys"] == a.recsys[-1]]
     x = np.log([r["n"] for r in rows])
     y = np.log([r["seconds_per_tick"] for r in rows])
     slope = float(np.polyfit(x, y, 1)[0]) if len(rows) > 1 else float("nan")

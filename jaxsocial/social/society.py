@@ -7,7 +7,8 @@ reward or done. Observations are feeds (`observe`), rewards are likes within a h
 (`horizon_likes`, `StepInfo.like_delta`); the training loop composes them.
 
 A step: apply the LLM agents' action batch (any size, possibly empty) -> crowd reactions on the
-updated state -> freeze horizon likes -> advance the clock.
+updated state -> freeze horizon likes -> advance the clock.  With recsys="twhin" each applied
+batch also updates the users' TwHIN profiles (`recsys.update_profiles`).
 """
 from __future__ import annotations
 
@@ -155,7 +156,8 @@ def reset(key: jax.Array, params: SocialParams, text: CrowdText | None = None,
     return state.replace(
         users=state.users.replace(persona=persona, interest=interest, activity=activity,
                                   num_followers=num_followers, num_following=num_following,
-                                  last_post=last_post),
+                                  last_post=last_post, profile_sum=interest,
+                                  profile_count=jnp.ones((n,), jnp.int32)),
         graph=state.graph.replace(following=following), posts=posts, text=text)
 
 
@@ -179,7 +181,9 @@ def step(key: jax.Array, state: SocialState, actions: ActionBatch | None, params
     if actions is None:
         actions = empty_actions(0, params)
     tick = state.tick
+    before = state
     state, agent = apply_actions(state, actions, params)
+    state = recsys.update_profiles(before, state, actions, agent, params)
     ids_after_agents = state.posts.id
     if params.crowd:
         state, crowd = crowd_step(key, state, params)

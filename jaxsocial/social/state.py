@@ -40,6 +40,9 @@ class ReactionKind(enum.IntEnum):
     REPORT = 4
 
 
+RECSYS_NAMES = ("random", "reddit", "twitter", "twhin")
+
+
 def _static(default):
     return struct.field(pytree_node=False, default=default)
 
@@ -72,13 +75,16 @@ class SocialParams:
     reaction_memory: int = _static(64)  # R
     seen_memory: int = _static(32)  # S
     # --- recommender
-    recsys: str = _static("twitter")  # "random" | "reddit" | "twitter"
+    recsys: str = _static("twitter")  # one of RECSYS_NAMES
     feed_size: int = _static(10)  # K
     pool_size: int = _static(256)  # C: shared out-of-network candidates (top by prior)
     pool_random: int = _static(0)  # + this many uniformly drawn live posts (twitter)
     in_network: int = _static(8)  # I: followees sampled per user for in-network candidates
     overfetch: int = _static(4)  # keep K + overfetch candidates before the muted/dup filter
-    recency: str = _static("exp")  # "exp" | "oasis_clipped"
+    recency: str = _static("exp")  # "exp" | "oasis_clipped" (twitter; twhin is always OASIS's)
+    # twhin: a uniform random set of this many live posts is scored per tick (OASIS: 4,000);
+    # clamped to post_capacity (a smaller ring is scored whole)
+    twhin_candidates: int = _static(4000)
     exclude_own: bool = _static(True)
     seen_policy: str = _static("exclude")  # "exclude" | "downweight" | "none"
     # --- crowd
@@ -134,7 +140,8 @@ class SocialParams:
         ("overfetch", self.overfetch, self.overfetch >= 0),
         ("reward_horizon", self.reward_horizon, self.reward_horizon >= 1),
         ("in_network", self.in_network, 0 <= self.in_network <= self.max_following),
-            ("recsys", self.recsys, self.recsys in ("random", "reddit", "twitter")),
+            ("recsys", self.recsys, self.recsys in RECSYS_NAMES),
+            ("twhin_candidates", self.twhin_candidates, self.twhin_candidates >= 1),
             ("recency", self.recency, self.recency in ("exp", "oasis_clipped")),
             ("seen_policy", self.seen_policy,
              self.seen_policy in ("exclude", "downweight", "none")),
@@ -143,9 +150,12 @@ class SocialParams:
              1 <= self.crowd_budget <= self.post_capacity),
             ("num_users * 8", self.num_users * 8, self.num_users * 8 < 2**31),
         ]
+        choices = {"recsys": RECSYS_NAMES}
         for name, value, ok in checks:
             if not ok:
-                raise ValueError(f"invalid SocialParams.{name}={value!r}")
+                hint = (f" (expected one of {', '.join(map(repr, choices[name]))})"
+                        if name in choices else "")
+                raise ValueError(f"invalid SocialParams.{name}={value!r}{hint}")
         return self
 
 
@@ -157,6 +167,12 @@ class Users:
     num_followers: jax.Array  # [N] int32 (= in-degree of the follow graph)
     num_following: jax.Array  # [N] int32 (= non-empty entries of graph.following[u])
     last_post: jax.Array  # [N] int32 global id of the user's latest post/repost/quote or -1
+    # TwHIN profile (maintained only when recsys == "twhin"; see recsys.update_profiles): the
+    # running mean of the bio (= interest at reset) and the embeddings of every post the user
+    # created (post / repost / quote) or liked, stored as sum + count.  Profile mean =
+    # profile_sum / profile_count; the bio's weight in it is 1 / profile_count.
+    profile_sum: jax.Array  # [N, d] float32
+    profile_count: jax.Array  # [N] int32, 1 + number of posts created or liked
 
 
 @struct.dataclass
@@ -236,7 +252,8 @@ def empty_state(params: SocialParams) -> SocialState:
     users = Users(
         persona=zeros((n,)), interest=jnp.zeros((n, d), jnp.float32),
         activity=jnp.zeros((n,), jnp.float32), num_followers=zeros((n,)),
-        num_following=zeros((n,)), last_post=full((n,)))
+        num_following=zeros((n,)), last_post=full((n,)),
+        profile_sum=jnp.zeros((n, d), jnp.float32), profile_count=zeros((n,)))
     graph = Graph(following=full((n, p.max_following)), muted=full((n, p.max_muted)))
     posts = Posts(
         id=full((cap,)), kind=zeros((cap,)), author=full((cap,)), parent=full((cap,)),
