@@ -39,3 +39,32 @@ def load_launcher(relpath):
 # Subprocesses that test the console, signals or files (not sharding) run on one device, not the
 # suite's 8 fake ones: an epoch over 8 fake devices costs ~10x one on 2 cores.
 ONE_DEVICE_ENV = dict(os.environ, XLA_FLAGS="")
+
+
+def load_config_file(relpath, variant=None):
+    """`get_config(variant)` of a config file (`configs/demo.py`), as `--config=path:variant`
+    would build it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "cfg_" + os.path.splitext(os.path.basename(relpath))[0], os.path.join(ROOT, relpath))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.get_config(variant) if variant is not None else mod.get_config()
+
+
+def jaxpr_shapes(fn, *args):
+    """Shapes of every intermediate value in fn's jaxpr (sub-jaxprs included): to assert that
+    a function never materialises some array, e.g. a users x posts matrix."""
+    import jax
+
+    shapes = []
+
+    def walk(jpr):
+        for eqn in jpr.eqns:
+            shapes.extend(tuple(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape"))
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return shapes

@@ -6,7 +6,6 @@ the relative paths resolve as in a checkout, and every file a command writes is 
 other `python launch/...` commands in the README are too long for CI; for those the script, the
 config file, its variant and every `--config.*` override are checked to exist.
 """
-import importlib.util
 import json
 import os
 import re
@@ -14,7 +13,7 @@ import shlex
 import subprocess
 
 import pytest
-from conftest import ONE_DEVICE_ENV, ROOT
+from conftest import ONE_DEVICE_ENV, ROOT, load_config_file
 
 README = os.path.join(ROOT, "README.md")
 MARKER = "<!-- tests/test_readme.py"
@@ -122,13 +121,6 @@ def test_nothing_is_written_outside_the_workdirs(newcomer):
     assert sorted(os.listdir(os.path.join(ROOT, "notebooks"))) == before
 
 
-def _load_config(path, variant):
-    spec = importlib.util.spec_from_file_location("readme_cfg", os.path.join(ROOT, path))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config(variant) if variant is not None else mod.get_config()
-
-
 def check_launch_command(cmd):
     """Asserts the script, the config file, its variant and every --config.* key exist."""
     args = shlex.split(cmd, comments=True)
@@ -138,7 +130,7 @@ def check_launch_command(cmd):
     for a in args[1:]:
         if a.startswith("--config="):
             path, _, variant = a[len("--config="):].partition(":")
-            cfg = _load_config(path, variant or None)
+            cfg = load_config_file(path, variant or None)
         elif a.startswith("--config."):
             key = a[len("--config."):].split("=")[0]
             node = cfg

@@ -1,6 +1,5 @@
 """The social-learning environment and its metrics, checked against hand computations and
 pure-Python references (hash schedule, interpolation, t-distribution tables)."""
-import importlib.util
 import json
 import math
 import os
@@ -357,13 +356,9 @@ def test_bad_params_raise_clear_errors():
 
 # ----------------------------------------------------------------------------- entry point
 def test_entry_point_writes_results(tmp_path, capsys):
-    from conftest import load_launcher
+    from conftest import load_config_file, load_launcher
     mod = load_launcher("launch/tournament.py")
-    cfg_spec = importlib.util.spec_from_file_location(
-        "sl_config", os.path.join(REPO, "configs", "social_learning.py"))
-    cfg_mod = importlib.util.module_from_spec(cfg_spec)
-    cfg_spec.loader.exec_module(cfg_mod)
-    cfg = cfg_mod.get_config("small")
+    cfg = load_config_file("configs/social_learning.py", "small")
     with cfg.unlocked():
         cfg.baselines = ["solo_ucb", "hierarchical_ucb"]  # the rest: test_baselines.small_runs
     mod.run(cfg, str(tmp_path))
@@ -379,4 +374,4 @@ def test_entry_point_writes_results(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "hierarchical_ucb" in out and "dJ(C*)" in out
     with pytest.raises(ValueError, match="unknown social_learning config variant"):
-        cfg_mod.get_config("nope")
+        load_config_file("configs/social_learning.py", "nope")

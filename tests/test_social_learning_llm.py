@@ -157,17 +157,10 @@ def test_malformed_completions_are_counted_not_fatal():
 def test_launcher_plays_the_baselines_seeds_and_reports_the_mix(monkeypatch, tmp_path):
     """run_llm's populations are the baselines' first llm.num_seeds seeds (same arm means);
     its rows carry the malformed rate and the learning-action mix."""
-    import importlib.util
-    import os
-
-    from conftest import ROOT, load_launcher
+    from conftest import load_config_file, load_launcher
 
     mod = load_launcher("launch/tournament.py")
-    spec = importlib.util.spec_from_file_location(
-        "sl_cfg", os.path.join(ROOT, "configs", "social_learning.py"))
-    cfg_mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cfg_mod)
-    cfg = cfg_mod.get_config("small")
+    cfg = load_config_file("configs/social_learning.py", "small")
     with cfg.unlocked():
         cfg.llm.enabled, cfg.llm.checkpoint, cfg.llm.num_seeds = True, "scripted", 2
     agent = _Scripted(None, learn=["LEARN: innovate", "hmm", "LEARN: skip"],

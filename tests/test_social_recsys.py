@@ -2,10 +2,10 @@
 import math
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import jaxpr_shapes
 
 from jaxsocial.social import recsys, society
 from jaxsocial.social.state import PostKind
@@ -391,16 +391,7 @@ def test_no_users_by_posts_intermediate():
                                     "overfetch": 2})
     state = society.reset(jax.random.key(0), params)
     users = jnp.arange(13, dtype=jnp.int32)
-    jaxpr = jax.make_jaxpr(lambda k, s, u: recsys.recommend(k, s, u, params))(
-        jax.random.key(0), state, users)
-    shapes = []
-
-    def walk(jpr):
-        for eqn in jpr.eqns:
-            shapes.extend(tuple(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape"))
-            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-                walk(sub)
-
-    walk(jaxpr.jaxpr)
+    shapes = jaxpr_shapes(lambda k, s, u: recsys.recommend(k, s, u, params),
+                          jax.random.key(0), state, users)
     assert any(101 in s for s in shapes) and any(13 in s for s in shapes)
     assert not [s for s in shapes if 13 in s and 101 in s]

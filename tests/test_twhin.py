@@ -7,10 +7,10 @@ profile as the running mean of the bio and the posts the user created or liked.
 import math
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import jaxpr_shapes
 
 from jaxsocial.social import recsys, society
 from jaxsocial.social.actions import ActionType as T
@@ -267,17 +267,8 @@ def test_no_users_by_posts_intermediate(world):
     """With C < P candidates the recommender never materialises a [B, P] array."""
     params, state = world
     b = 13
-    jaxpr = jax.make_jaxpr(lambda k, s, u: recsys.recommend(k, s, u, params))(
-        jax.random.key(0), state, jnp.arange(b, dtype=jnp.int32))
-    shapes = []
-
-    def walk(jpr):
-        for eqn in jpr.eqns:
-            shapes.extend(tuple(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape"))
-            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-                walk(sub)
-
-    walk(jaxpr.jaxpr)
+    shapes = jaxpr_shapes(lambda k, s, u: recsys.recommend(k, s, u, params),
+                          jax.random.key(0), state, jnp.arange(b, dtype=jnp.int32))
     assert any(P in s for s in shapes) and (b, C) in shapes
     assert not [s for s in shapes if b in s and P in s]
 
