@@ -22,7 +22,6 @@ The training loop's smoke run is done once, with a Qwen3-shaped checkpoint (QK-n
 biases): everything above the model is shared by every family, so one run covers them.
 """
 
-import importlib.util
 import json
 import os
 
@@ -32,6 +31,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from conftest import load_config_file
 from flax import nnx
 from safetensors import safe_open
 
@@ -303,18 +303,24 @@ def test_lora_targets_the_projections_not_biases_or_norms(families):
         "q_bias"]
 
 
-@pytest.fixture(scope="module")
-def qwen3_checkpoint(tmp_path_factory):
-    """A tiny random Qwen3 HF directory (QK-norm, q/k/v/o biases) with the committed tiny
-    tokenizer (vocab 512, pad 0, bos 1, eos 2 and <|eot_id|> 5)."""
-    path = tmp_path_factory.mktemp("qwen3_smoke")
-    hf = random_hf_model("qwen3", seed=5, vocab_size=512, hidden_size=64, intermediate_size=128,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                         max_position_embeddings=256, initializer_range=0.02, bos_token_id=1,
-                         eos_token_id=[2, 5], pad_token_id=0)
+def smoke_checkpoint(path, model_type):
+    """A tiny random HF directory of `model_type` (its FAMILIES switches: Qwen2's q/k/v biases,
+    tied embeddings and one sliding layer, Qwen3's QK-norm and q/k/v/o biases, Mistral's
+    window) with the committed tiny tokenizer (512 tokens, pad 0, bos 1, eos 2, <|eot_id|> 5).
+    The embedding has 576 rows: transformers loads a tokenizer beside a qwen2 config as
+    Qwen2Tokenizer, which adds <|endoftext|> (513 tokens); spare rows are as in real models."""
+    hf = random_hf_model(model_type, seed=5, vocab_size=576, hidden_size=64,
+                         intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=32, max_position_embeddings=256, initializer_range=0.02,
+                         bos_token_id=1, eos_token_id=[2, 5], pad_token_id=0)
     hf.save_pretrained(os.fspath(path), safe_serialization=True)
     tiny_tokenizer().save_pretrained(os.fspath(path))
     return path
+
+
+@pytest.fixture(scope="module")
+def qwen3_checkpoint(tmp_path_factory):
+    return smoke_checkpoint(tmp_path_factory.mktemp("qwen3_smoke"), "qwen3")
 
 
 def test_one_loader_reads_any_family(qwen3_checkpoint):
@@ -324,19 +330,21 @@ def test_one_loader_reads_any_family(qwen3_checkpoint):
 
 
 @pytest.mark.slow
-def test_training_loop_smoke_with_a_qwen3_checkpoint(qwen3_checkpoint):
-    """configs/demo.py:smoke with the Qwen3 directory as model.checkpoint, on one device: one
-    epoch of rollout, scoring and a PPO update runs and gives finite metrics. (One run for all
-    families: the decoder path above the switches is shared.)"""
-    spec = importlib.util.spec_from_file_location("demo_cfg", os.path.join(ROOT, "configs",
-                                                                          "demo.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    c = mod.get_config("smoke")
-    c.model.checkpoint = os.fspath(qwen3_checkpoint)
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3", "mistral"])
+def test_training_loop_smoke_per_family(model_type, qwen3_checkpoint, tmp_path):
+    """configs/demo.py:smoke with a tiny random checkpoint of each family as model.checkpoint,
+    on one device: one epoch of rollout, scoring and a PPO update gives finite metrics."""
+    ckpt = qwen3_checkpoint if model_type == "qwen3" else smoke_checkpoint(tmp_path, model_type)
+    c = load_config_file("configs/demo.py", "smoke")
+    c.model.checkpoint = os.fspath(ckpt)
     c.crowd_text.cache = False  # no pooled-state cache written under the user's cache dir
     run = loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
-    assert run.model_config.model_type == "qwen3" and run.model_config.o_bias
+    mc = run.model_config
+    assert mc.model_type == model_type
+    assert {"qwen2": mc.qkv_bias and mc.tie_word_embeddings and mc.layer_types is not None,
+            "qwen3": mc.qk_norm and mc.o_bias,
+            "mistral": mc.sliding_window == 4}[model_type], mc
     state = run.init_state()
     _, metrics, _ = run.run_epoch(state)
     assert metrics["ppo"] and all(np.isfinite(v) for v in metrics["ppo"].values()), metrics["ppo"]
+    assert metrics["ppo"]["grad_norm"] > 0  # a real update, not a no-op
