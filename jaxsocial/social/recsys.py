@@ -195,8 +195,6 @@ def _twhin_top(key, state: SocialState, u, seen, params: SocialParams):
     cauthor = jnp.where(cok, posts.author[cslot], EMPTY)
     age = state.tick - posts.created_at[cslot]
     post = _twhin_post_side(posts.embedding[cslot], age)  # twhin_score = prof @ post.T
-    order = jnp.argsort(pid)
-    sorted_ids = pid[order]
     x = min(c, params.feed_size + params.overfetch)
     b = u.shape[0]
     ch = min(_TWHIN_BLOCK, b)
@@ -213,15 +211,7 @@ def _twhin_top(key, state: SocialState, u, seen, params: SocialParams):
         bad = ~cok[None, :]
         if params.exclude_own:
             bad = bad | (cauthor[None, :] == ub[:, None])
-        sc = jnp.where(bad, _NEG, sc)
-        if params.seen_policy != "none":  # binary search of the seen ids in the sorted pool
-            pos = jnp.clip(jnp.searchsorted(sorted_ids, sb), 0, c - 1)  # [ch, S]
-            hit = (sorted_ids[pos] == sb) & (sb >= 0)
-            rows = jnp.where(hit, jnp.arange(ch)[:, None], ch)
-            col = order[pos]
-            old = sc[jnp.minimum(rows, ch - 1), col]
-            new = _NEG if params.seen_policy == "exclude" else old - params.seen_penalty
-            sc = sc.at[rows, col].set(jnp.broadcast_to(new, old.shape), mode="drop")
+        sc = _pool_seen(jnp.where(bad, _NEG, sc), pid, sb, params)
         top, at = _top_k_grouped(sc, x)
         return top, jnp.where(jnp.isfinite(top), pid[jnp.minimum(at, c - 1)], EMPTY)
 
