@@ -24,13 +24,19 @@ def get_config(arg=None):
     c.society.update(num_users=100_000, num_personas=32, embed_dim=64, post_capacity=65_536,
                      content_len=96, num_seed_posts=4096, feed_size=5, pool_size=512,
                      max_active=8192, crowd_budget=16_384)
-    c.rollout.ticks_per_epoch = 32
+    # OASIS-style activation: 96 of the 196 agents act each simulated hour, drawn by their
+    # heavy-tailed daily activity profiles; 320 hourly ticks (~13 days) give 30,720
+    # interactions per epoch, the blog's ~30k per stage.
+    c.agents.active_per_tick = 96
+    c.agents.activation.enabled = True
+    c.rollout.ticks_per_epoch = 320
     c.rollout.max_new_tokens = 128
     c.rollout.temperature = 0.7
     c.reward.horizon = 8
     c.rl.lr = 3e-6
     c.rl.ppo_epochs = 4
     c.rl.minibatches = 4
+    c.rl.micro_batch = 8  # 7,680-row minibatches, accumulated over 960 micro-batches of 8
     c.rl.kl_coef = 0.05
     c.train.epochs = 2
     c.mesh.shape = (-1, 1, 1)

@@ -54,3 +54,24 @@ def test_per_device_bytes_counts_shards():
                              sharding=sharding.replicated(mesh))
     assert aot.per_device_bytes(x) == 8 * 4 * 4
     assert aot.per_device_bytes([x, y]) == 8 * 4 * 4 + 64 * 4 * 2
+
+
+def test_general_py_abstract_run_estimates_the_whole_epochs_rows():
+    """configs/general.py builds as an abstract 8B run (no weights; 1 layer here), and its
+    memory check sizes scoring by every trajectory of the epoch (ticks x agents acting per
+    tick, 30,720 with activation), not by one tick's batch."""
+    from conftest import load_config_file
+
+    c = load_config_file("configs/general.py")
+    run = aot.abstract_run(c, sharding.make_mesh((1, 1, 1), jax.devices()[:1]),
+                           {"num_hidden_layers": 1})
+    assert run.active == 96 and run.activation.shape == (196, 24)
+    assert int(c.rollout.ticks_per_epoch) * run.active == 30_720
+    full = run.memory_estimate()
+    run.config.rollout.ticks_per_epoch = 8  # one micro-batch per minibatch: 8 x 96 / 4 / 8 x 8
+    one_tick = run.memory_estimate()
+    # Scoring holds every row at once today (docs/scaling.md): 40x the rows, ~40x its share.
+    ratio = full.programs["score"] / one_tick.programs["score"]
+    assert ratio > 10, ratio
+    # The rollout generates B rows per tick either way (only its [T, B] outputs grow).
+    assert full.programs["rollout"] == pytest.approx(one_tick.programs["rollout"], rel=0.01)

@@ -179,6 +179,8 @@ def test_general_smoke_free_mode_counts_unparsable(tmp_path):
     run = loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
     summary = runner.train(c, str(tmp_path / "free"), run=run)
     rec = _records(tmp_path / "free" / "metrics.jsonl")[0]
+    # general.py's activation: 4 of the 8 agents act each simulated hour, for 8 hours.
+    assert c.agents.activation.enabled and rec["interactions"] == 8 * 4
     # A random tiny model writing free text almost never starts with an action keyword.
     assert rec["parse_failures"] > 0
     assert rec["action_mix"].get("malformed", 0) == rec["parse_failures"]

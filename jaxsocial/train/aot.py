@@ -124,7 +124,7 @@ def _abstract_weights(model_overrides: Optional[Dict[str, Any]] = None):
     def pooled(self, ref_params, content):
         if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(ref_params)):
             out = jax.eval_shape(lambda r, c: orig_pooled(self, r, c), ref_params, content)
-            return jnp.zeros(out.shape, out.dtype)
+            return _unit_fill(out)
         return orig_pooled(self, ref_params, content)
 
     loop._load, loop.policy_lib.init_policy, loop.SocialRL._pooled = load, init_policy, pooled
@@ -138,10 +138,12 @@ def _abstract_weights(model_overrides: Optional[Dict[str, Any]] = None):
 
 
 def _unit_fill(s):
-    """Stand-in value of an abstract output: floats with unit-norm rows (checks on embeddings
-    pass), zeros otherwise. Only shapes matter for the compiled programs."""
+    """Stand-in value of an abstract output: floats with distinct unit-norm rows (checks on
+    embeddings pass, also after the encoder's centre is subtracted), zeros otherwise. Only
+    shapes matter for the compiled programs."""
     if jnp.issubdtype(s.dtype, jnp.floating) and s.shape:
-        return jnp.full(s.shape, 1.0 / np.sqrt(s.shape[-1]), s.dtype)
+        x = jax.random.normal(jax.random.key(0), s.shape, jnp.float32)
+        return (x / jnp.linalg.norm(x, axis=-1, keepdims=True)).astype(s.dtype)
     return jnp.zeros(s.shape, s.dtype)
 
 
@@ -286,18 +288,7 @@ def abstract_update(model_config: llama.LlamaConfig, rl_config, mesh, *, rows: i
 
 def run_estimate(run: loop.SocialRL) -> memory.MemoryEstimate:
     """`memory.estimate` for the run's model, mesh and shapes (what `SocialRL` checks)."""
-    c = run.config
-    rows = int(c.rollout.ticks_per_epoch) * run.active
-    minibatch = rows // max(1, int(c.rl.minibatches))
-    if hasattr(run.rl_config, "accumulation"):
-        micro = run.rl_config.accumulation(rows)[1]
-    else:
-        micro = minibatch
-    return memory.estimate(
-        run.model_config, tuple(run.mesh.shape.values()), batch=run.active,
-        prompt_len=run.template.max_len, response_len=run.sampling.max_new_tokens,
-        train_micro_batch=micro, lora_rank=int(c.rl.lora_rank), remat=run.model_config.remat,
-        trajectories=rows, minibatch_rows=minibatch)
+    return run.memory_estimate()
 
 
 def format_report(progs: List[ProgramMemory], est: Optional[memory.MemoryEstimate] = None,

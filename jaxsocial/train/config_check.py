@@ -129,6 +129,14 @@ def check(config: ml_collections.ConfigDict) -> None:
     active = num("agents.active_per_tick", 0)
     need(0 <= active <= agents, f"agents.active_per_tick={int(active)} must be in "
          f"[0, agents.num_agents={int(agents)}] (0 = all)")
+    if _get(config, "agents.activation.enabled", False):
+        need(0 < active < agents, f"agents.activation.enabled needs 0 < agents.active_per_tick "
+             f"< agents.num_agents={int(agents)} (got {int(active)}): the activation profile "
+             f"decides which of the agents act each tick")
+        amp = num("agents.activation.diurnal_amplitude", 0.0)
+        need(0 <= amp < 1, f"agents.activation.diurnal_amplitude={amp} must be in [0, 1)")
+        at_least("agents.activation.sigma", 0, 0.0)
+        at_least("agents.activation.peak_spread", 0, 0.0)
     users = num("society.num_users", agents)
     need(users >= agents, f"society.num_users={int(users)} < agents.num_agents={int(agents)}")
     at_least("rollout.ticks_per_epoch", 1, 1)

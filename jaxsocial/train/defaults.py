@@ -31,6 +31,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.agents = ml_collections.ConfigDict(dict(
         num_agents=16,
         active_per_tick=0,        # agents acting per tick (a random subset); 0 = all of them
+        # Who acts (jaxsocial.social.activation): off = a uniform subset each tick; on = drawn
+        # by per-agent activity over the society's 24-hour clock (heavy-tailed base rate,
+        # log-std `sigma`, times a daily curve peaking near `peak_hour`), or by the [n, 24]
+        # weights in `profile_path` (.npy / .json, cycled over agents).
+        activation=ml_collections.ConfigDict(dict(
+            enabled=False, sigma=1.0, diurnal_amplitude=0.8, peak_hour=20.0, peak_spread=3.0,
+            profile_path="")),
         personas=PERSONAS,        # cycled over agents
         names=(),                 # feed display names, cycled; () = from "You are <Name>, ..."
         newest_comment=True,      # feed posts show their newest comment (longer prompts)
@@ -115,6 +122,11 @@ def smoke(c: ml_collections.ConfigDict, content_len: int = 12,
                      num_seed_posts=32, feed_size=3, pool_size=32, max_active=32,
                      crowd_budget=64)
     c.rollout.ticks_per_epoch = 4
+    if c.agents.activation.enabled:  # e.g. general.py: 4 of the 8 agents act, over 8 hours
+        c.agents.active_per_tick = 4
+        c.rollout.ticks_per_epoch = 8
+    else:
+        c.agents.active_per_tick = 0
     c.rollout.max_new_tokens = max_new_tokens
     c.reward.horizon = 2
     c.rl.ppo_epochs = 1

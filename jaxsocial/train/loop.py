@@ -41,7 +41,7 @@ from jaxsocial.rl import policy as policy_lib
 from jaxsocial.rl import ppo as ppo_lib
 from jaxsocial.rl import rewards as rewards_lib
 from jaxsocial.rl.state import TrainState
-from jaxsocial.social import prompting, society, text_bank
+from jaxsocial.social import activation, prompting, society, text_bank
 from jaxsocial.social.actions import ActionType
 from jaxsocial.social.state import SocialState, normalize
 from jaxsocial.train import agent_actions, code_problems, config_check, memory, report, sharding
@@ -130,6 +130,9 @@ class SocialRL:
         if not 1 <= active <= a:
             raise ValueError(f"agents.active_per_tick={active} must be in [1, num_agents={a}]")
         self.active = active  # B: agents acting each tick (a random subset when < A)
+        # [A, 24] activity weights over the society's clock (None: a uniform subset).
+        self.activation = activation.from_config(c.agents.get("activation", None), a,
+                                                 int(c.seed))
         horizon = int(c.reward.horizon)
         if horizon < 1:
             raise ValueError(f"reward.horizon must be >= 1, got {horizon}")
@@ -259,18 +262,26 @@ class SocialRL:
             # running reward std: kept in TrainState.reward_stats
             reward_norm="running" if c.reward.normalize == "running" else "none")
 
+    def memory_estimate(self) -> memory.MemoryEstimate:
+        """`memory.estimate` of this run's epoch: B = agents acting per tick in the rollout,
+        ticks x B trajectories scored and trained, the update's minibatch and micro-batch."""
+        c = self.config
+        rows = int(c.rollout.ticks_per_epoch) * self.active
+        minibatch = rows // max(1, int(c.rl.minibatches))
+        micro = (self.rl_config.accumulation(rows)[1]
+                 if hasattr(self.rl_config, "accumulation") else minibatch)
+        return memory.estimate(
+            self.model_config, tuple(self.mesh.shape.values()), batch=self.active,
+            prompt_len=self.template.max_len, response_len=self.sampling.max_new_tokens,
+            train_micro_batch=micro, lora_rank=int(c.rl.lora_rank),
+            remat=self.model_config.remat, trajectories=rows, minibatch_rows=minibatch)
+
     def _check_memory(self, c) -> None:
         """Warn before a run that cannot fit (when the backend reports device memory)."""
         device_bytes = memory.device_memory_bytes()
         if device_bytes is None:
             return
-        ticks = int(c.rollout.ticks_per_epoch)
-        est = memory.estimate(
-            self.model_config, tuple(self.mesh.shape.values()), batch=self.active,
-            prompt_len=self.template.max_len, response_len=self.sampling.max_new_tokens,
-            train_micro_batch=self.rl_config.accumulation(ticks * self.active)[1],
-            lora_rank=int(c.rl.lora_rank), remat=self.model_config.remat)
-        memory.check_fits(est, device_bytes)
+        memory.check_fits(self.memory_estimate(), device_bytes)
 
     def init_state(self) -> RunState:
         """Fresh run: initial policy (= reference), society reset, keys from config.seed."""
@@ -348,7 +359,11 @@ class SocialRL:
         def agent_tick(carry, _):
             soc, key = carry
             key, k_act, k_feed, k_gen, k_step = jax.random.split(key, 5)
-            if self.active < a:  # a random subset acts this tick (OASIS activates per step)
+            if self.activation is not None:  # by the hour's activity (OASIS's profiles)
+                hour = activation.hour_of_tick(soc.tick, self.params)
+                agents = activation.sample_active(
+                    k_act, jnp.asarray(self.activation)[:, hour], self.active)
+            elif self.active < a:  # a uniform random subset acts this tick
                 agents = jnp.sort(jax.random.permutation(k_act, a)[:self.active]).astype(jnp.int32)
             else:
                 agents = jnp.arange(a, dtype=jnp.int32)
@@ -506,6 +521,10 @@ class SocialRL:
             "zero_like_share": float((likes == 0).mean()) if n_posts else 0.0,
             "positive_engagement_share": float(engaged.mean()) if n_posts else 0.0,
             "total_posts": n_posts,
+            # OASIS's unit: one agent action per acting agent and tick (the blog: ~30k/stage)
+            "interactions": int(types.size),
+            "interactions_applied": int(((np.asarray(ro.reason) == 0) & np.asarray(ro.parsed)
+                                         & (types != int(ActionType.DO_NOTHING))).sum()),
             "created_total": int(created.sum()),
             "parse_failures": int((~np.asarray(ro.parsed)).sum()),
             "invalid_actions": int(((np.asarray(ro.reason) != 0) & np.asarray(ro.parsed)).sum()),
