@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from conftest import jaxpr_shapes
 from test_rl_common import RESP, standard_prompts, tiny_policy
 
 from jaxsocial.rl import buffer, ppo
@@ -71,3 +72,35 @@ def test_entropy_gradient_only_when_asked(entropy_grad):
     g = jax.grad(ent)(params)
     norm = float(jnp.sqrt(sum(jnp.sum(x ** 2) for x in jax.tree.leaves(g["policy"]))))
     assert (norm > 0) == entropy_grad
+
+
+def test_score_batch_in_micro_batches_equals_all_rows_at_once():
+    """rl.micro_batch chunks the scoring pass (strided rows, lax.map): same numbers, and no
+    intermediate holds more than a chunk's rows of the model's activations."""
+    pdef, params, ref = tiny_policy("head")
+    # A policy that differs from the reference, so log-probs and reference log-probs differ.
+    params = jax.tree.map(lambda x: x * 1.1 if x.ndim > 1 else x, params)
+    batch = _batch()
+    b = batch.batch_size
+    assert b % 4 == 0 and b > 4
+    whole = policy_lib.score_batch(pdef, params, ref, batch, ppo.PPOConfig(temperature=0.7))
+    cfg = ppo.PPOConfig(temperature=0.7, micro_batch=b // 4)
+    chunked = policy_lib.score_batch(pdef, params, ref, batch, cfg)
+    assert not np.allclose(whole[0], whole[1])  # policy != reference: the rows carry signal
+    for w, c in zip(whole, chunked):
+        np.testing.assert_allclose(np.asarray(c), np.asarray(w), atol=1e-6)
+    # Negative control: rows merged back in the wrong order do not match.
+    rolled = np.roll(np.asarray(chunked[0]), 1, axis=0)
+    assert not np.allclose(rolled, np.asarray(whole[0]), atol=1e-6)
+    # The chunked program's largest intermediates have b // 4 rows, the unchunked one's b.
+    seq = batch.prompt_len + batch.response_tokens.shape[1]
+
+    def attn_rows(cfg):
+        shapes = jaxpr_shapes(lambda p, r, t: policy_lib.score_batch(pdef, p, r, t, cfg),
+                              params, ref, batch)
+        # attention scores [rows, kv_heads, group, S, S]
+        return {s[0] for s in shapes if len(s) == 5 and s[-2:] == (seq, seq)}
+    assert attn_rows(cfg) == {b // 4}
+    assert attn_rows(ppo.PPOConfig(temperature=0.7)) == {b}
+    with pytest.raises(ValueError, match="micro_batch=3 does not divide"):
+        policy_lib.score_batch(pdef, params, ref, batch, ppo.PPOConfig(micro_batch=3))

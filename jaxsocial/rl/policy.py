@@ -188,7 +188,29 @@ def score_batch(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, gra
     rollout's grammar (with batch.fsm_states, or replayed from the tokens).
 
     Use it to fill a Trajectory: `batch.replace(old_logprobs=lp, ref_logprobs=ref, values=v)`.
+
+    `cfg.micro_batch` > 0 scores the rows in chunks of that many (`lax.map`), so only one
+    chunk's activations are live (the whole batch at once needs [B, heads, S, S] attention
+    temporaries). Chunk i holds rows i, i + B/m, ...: strided, so rows split along the data
+    axes stay split inside every chunk. Results are the same as unchunked.
     """
+    rows = batch.response_tokens.shape[0]
+    micro = int(getattr(cfg, "micro_batch", 0) or 0)
+    if 0 < micro < rows:
+        if rows % micro:
+            raise ValueError(f"micro_batch={micro} does not divide the {rows} scored rows")
+        n = rows // micro
+        chunks = jax.tree.map(
+            lambda x: jnp.swapaxes(x.reshape((micro, n) + x.shape[1:]), 0, 1), batch)
+        out = jax.lax.map(
+            lambda b: _score_rows(pdef, params, ref_params, b, cfg, grammar), chunks)
+        return jax.tree.map(lambda y: jnp.swapaxes(y, 0, 1).reshape((rows,) + y.shape[2:]),
+                            out)
+    return _score_rows(pdef, params, ref_params, batch, cfg, grammar)
+
+
+def _score_rows(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, grammar=None):
+    """score_batch over all rows of `batch` at once."""
     params = jax.lax.stop_gradient(params)
     m = batch.response_mask.astype(jnp.float32)
     ev = evaluate(pdef, params, ref_params, batch, cfg, with_values=True, grammar=grammar)

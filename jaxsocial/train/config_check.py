@@ -29,6 +29,8 @@ SAFE_ON_RESUME = (
     "train.keep_checkpoints",
     "train.log_samples",
     "train.export_hf",
+    "train.fused_epoch",      # one program or three: same run
+    "train.text_metrics_posts",
     "mesh.shape",             # restore re-shards onto the new mesh
     "distributed.",           # prefix: addresses and process ids of the new job
 )

@@ -76,7 +76,9 @@ def base_config() -> ml_collections.ConfigDict:
     rl_common.add_aliases(c.rl)  # rl.lr, rl.minibatches, rl.entropy_coef: old names, same values
     c.train = ml_collections.ConfigDict(dict(
         epochs=4, checkpoint_every=1, keep_checkpoints=3, log_samples=4, export_hf=True,
-        allow_config_change=False))  # True: resume accepts changed train.* keys (config_check)
+        allow_config_change=False,  # True: resume accepts changed train.* keys (config_check)
+        fused_epoch=True,  # one compiled program per epoch (not with a host-side code bonus)
+        text_metrics_posts=4096))  # text drift / topics / top posts over the first K posts
     # Verifiable bonus for answers to programming problems (configs/code.py).
     c.code = ml_collections.ConfigDict(dict(enabled=False, bonus=1.0, timeout_s=5.0,
                                             memory_mb=256))

@@ -84,6 +84,31 @@ class Rollout:
     crowd_posts: Array      # [T + S] int32 posts created by the crowd per recorded tick
 
 
+@struct.dataclass
+class EpochView:
+    """What an epoch's metrics and samples read, reduced on the device (`SocialRL._view_fn`):
+    per-trajectory scalars [T, B], the text of the first K posts in tick order
+    (K = train.text_metrics_posts) and the last tick's answers. The rollout's prompts, log-probs
+    and per-slot records stay on the device."""
+
+    agent: Array           # [T, B] int32
+    action_type: Array     # [T, B] int32
+    parsed: Array          # [T, B] bool
+    reason: Array          # [T, B] int32
+    created: Array         # [T, B] bool the action created a post / comment
+    score: Array           # [T, B] float32 trajectory score
+    engagement: Array      # [T, B, E] float32 engagement of the created post within the horizon
+    tokens: Array          # [] float32 response tokens generated in the epoch
+    crowd_posts: Array     # [] int32
+    post_index: Array      # [K] int32 flat index t * B + b of the first K posts, -1 padding
+    post_tokens: Array     # [K, N] int32
+    post_mask: Array       # [K, N] bool
+    post_embedding: Array  # [K, d] float32
+    last_tokens: Array     # [B, N] int32 the last agent tick's answers (samples)
+    last_mask: Array       # [B, N] bool
+    logprob_gap: Array     # [] float32
+
+
 def _load(config):
     """-> (model, tokenizer, stop_ids) through the one loader (`models.load`): the checkpoint,
     or a random `model.preset` with `config.tokenizer` (default: the tiny tokenizer)."""
@@ -184,6 +209,11 @@ class SocialRL:
         # its [S, V] tables in as constants (and spend minutes constant-folding them).
         self._rollout = _BindGrammar(jax.jit(self._rollout_fn), self.grammar)
         self._score = _BindGrammar(jax.jit(self._score_fn), self.grammar)
+        self._view = jax.jit(self._view_fn)
+        # One compiled program per epoch unless a reward is computed on the host (code bonus).
+        self.fused = bool(c.train.get("fused_epoch", True)) and not self.code
+        self._epoch = None  # built at the first epoch, with the state's shardings pinned
+        self.epoch_trace_count = 0
 
     # ------------------------------------------------------------------------------------------
     # set-up
@@ -274,7 +304,9 @@ class SocialRL:
             self.model_config, tuple(self.mesh.shape.values()), batch=self.active,
             prompt_len=self.template.max_len, response_len=self.sampling.max_new_tokens,
             train_micro_batch=micro, lora_rank=int(c.rl.lora_rank),
-            remat=self.model_config.remat, trajectories=rows, minibatch_rows=minibatch)
+            remat=self.model_config.remat, trajectories=rows, minibatch_rows=minibatch,
+            score_micro_batch=int(getattr(self.rl_config, "micro_batch", 0) or 0),
+            score_sharded=True)
 
     def _check_memory(self, c) -> None:
         """Warn before a run that cannot fit (when the backend reports device memory)."""
@@ -298,9 +330,8 @@ class SocialRL:
     def place(self, state: RunState) -> RunState:
         """Put a run state on the mesh: parameters by the logical-axis rules (via their model
         metadata), everything else replicated."""
-        mesh = self.mesh
-        if mesh.size == 1:
-            return jax.device_put(state, mesh.devices.flat[0])
+        if self.mesh.size == 1:  # the same NamedShardings the compiled epoch returns
+            return jax.device_put(state, self.state_shardings(state))
         return sharding.put_global(state, self.state_shardings(state))
 
     def state_shardings(self, state: RunState):
@@ -467,6 +498,9 @@ class SocialRL:
             # allowed set from the grammar tables.
             batch = batch.replace(fsm_states=grammar_lib.step_states(
                 grammar, batch.response_tokens, batch.response_mask))
+        if self.mesh.size > 1:  # each device scores its share of the rows, not all of them
+            batch = jax.lax.with_sharding_constraint(
+                batch, sharding.tree_data_shardings(batch, self.mesh))
         lp, ref, values = policy_lib.score_batch(self.pdef, train.params, train.ref_params, batch,
                                                  self.rl_config, grammar)
         batch = batch.replace(old_logprobs=lp, ref_logprobs=ref, values=values)
@@ -479,7 +513,12 @@ class SocialRL:
     # one epoch
 
     def run_epoch(self, state: RunState) -> Tuple[RunState, Dict[str, Any], List[dict]]:
-        """Rollout + reward + update. Returns (new state, metrics dict, text samples)."""
+        """Rollout + reward + update. Returns (new state, metrics dict, text samples).
+
+        One compiled program (`_epoch_fn`, state donated, shardings pinned) when no reward
+        is computed on the host; otherwise three (rollout, host bonus, scoring, update)."""
+        if self.fused:
+            return self._run_fused(state)
         t0 = time.perf_counter()
         key = jax.random.wrap_key_data(state.key)
         key, k_roll = jax.random.split(key)
@@ -496,26 +535,80 @@ class SocialRL:
         wall = time.perf_counter() - t0
         new = RunState(train=train, society=soc, key=jax.random.key_data(key),
                        epoch=state.epoch + 1)
-        score, eng, upd, gap = sharding.to_host((score, eng, upd, gap))
-        metrics = self._metrics(ro_host, score, eng, upd, gap, wall, t_roll)
+        view, upd = sharding.to_host((self._view(ro, score, eng, gap), upd))
+        metrics = self._metrics(view, upd, wall, t_roll)
         metrics["epoch"] = int(sharding.to_host(new.epoch))
         if self.code:
             metrics["code_passed"] = int((bonus > 0).sum())
-        return self.place(new), metrics, self._samples(ro_host, score, metrics["epoch"])
+        return self.place(new), metrics, self._samples(view, metrics["epoch"])
 
-    def _metrics(self, ro: Rollout, score, eng, upd, gap, wall, t_roll) -> Dict[str, Any]:
-        created = np.asarray(ro.created_id) >= 0
-        types = np.asarray(ro.action_type)
+    def _epoch_fn(self, state: RunState, grammar=None):
+        """The whole epoch as one program: rollout, scores, scoring pass, update, and the
+        metrics' view. Same keys and steps as the three-program path of `run_epoch`."""
+        self.epoch_trace_count += 1
+        key = jax.random.wrap_key_data(state.key)
+        key, k_roll = jax.random.split(key)
+        soc, ro = self._rollout_fn(state.train.params, state.train.ref_params, state.society,
+                                   k_roll, grammar=grammar)
+        no_bonus = jnp.zeros(ro.created_id.shape, jnp.float32)
+        batch, score, eng, gap = self._score_fn(state.train, ro, no_bonus, grammar=grammar)
+        if self.mesh.size > 1:
+            batch = jax.lax.with_sharding_constraint(
+                batch, sharding.tree_data_shardings(batch, self.mesh))
+        train, upd = self.update.fn(state.train, batch, grammar)
+        new = RunState(train=train, society=soc, key=jax.random.key_data(key),
+                       epoch=state.epoch + 1)
+        return new, upd, self._view_fn(ro, score, eng, gap)
+
+    def _run_fused(self, state: RunState):
+        if self._epoch is None:
+            sh = self.state_shardings(state)
+            rep = sharding.replicated(self.mesh)
+            # The grammar is a (replicated) argument, never a baked constant; the state is
+            # donated, so its old buffers are reused for the new one.
+            self._epoch = jax.jit(self._epoch_fn, donate_argnums=0, in_shardings=(sh, rep),
+                                  out_shardings=(sh, rep, rep))
+        t0 = time.perf_counter()
+        new, upd, view = self._epoch(state, self.grammar)
+        jax.block_until_ready(new.train.step)
+        wall = time.perf_counter() - t0
+        view, upd = sharding.to_host((view, upd))
+        metrics = self._metrics(view, upd, wall, wall)
+        metrics["epoch"] = int(sharding.to_host(new.epoch))
+        return new, metrics, self._samples(view, metrics["epoch"])
+
+    def _view_fn(self, ro: Rollout, score: Array, eng: Array, gap: Array) -> EpochView:
+        """Reduce the epoch to what `_metrics` and `_samples` read (on the device)."""
+        t, b = ro.created_id.shape
+        created = ro.created_id >= 0
+        is_post = created & ((ro.action_type == int(ActionType.CREATE_POST))
+                             | (ro.action_type == int(ActionType.QUOTE_POST)))
+        k = min(int(self.config.train.get("text_metrics_posts", 4096)), t * b)
+        (idx,) = jnp.nonzero(is_post.reshape(-1), size=k, fill_value=-1)
+        safe = jnp.maximum(idx, 0)
+        keep = (idx >= 0)[:, None]
+        flat = lambda x: x.reshape((t * b,) + x.shape[2:])[safe]  # noqa: E731
+        return EpochView(
+            agent=ro.agent, action_type=ro.action_type, parsed=ro.parsed, reason=ro.reason,
+            created=created, score=score, engagement=eng.astype(jnp.float32),
+            tokens=jnp.sum(ro.mask).astype(jnp.float32), crowd_posts=jnp.sum(ro.crowd_posts),
+            post_index=idx.astype(jnp.int32), post_tokens=jnp.where(keep, flat(ro.tokens), 0),
+            post_mask=keep & flat(ro.mask), post_embedding=jnp.where(keep, flat(ro.embedding), 0),
+            last_tokens=ro.tokens[-1], last_mask=ro.mask[-1], logprob_gap=gap)
+
+    def _metrics(self, v: EpochView, upd, wall, t_roll) -> Dict[str, Any]:
+        created = np.asarray(v.created)
+        types = np.asarray(v.action_type)
         is_post = created & np.isin(types, [int(ActionType.CREATE_POST),
                                             int(ActionType.QUOTE_POST)])
-        eng = np.asarray(eng)
+        eng = np.asarray(v.engagement)
         likes = eng[..., 0][is_post]
         engaged = eng.sum(-1)[is_post] > 0
         n_posts = int(is_post.sum())
         names = {int(t): t.name.lower() for t in ActionType}
         mix = {names[k]: int((types == k).sum()) for k in np.unique(types)}
-        tokens = float(np.asarray(ro.mask).sum())
-        sc = np.asarray(score)
+        sc = np.asarray(v.score)
+        reason, parsed = np.asarray(v.reason), np.asarray(v.parsed)
         m = {
             "avg_likes_per_post": float(likes.mean()) if n_posts else 0.0,
             "zero_like_share": float((likes == 0).mean()) if n_posts else 0.0,
@@ -523,38 +616,46 @@ class SocialRL:
             "total_posts": n_posts,
             # OASIS's unit: one agent action per acting agent and tick (the blog: ~30k/stage)
             "interactions": int(types.size),
-            "interactions_applied": int(((np.asarray(ro.reason) == 0) & np.asarray(ro.parsed)
+            "interactions_applied": int(((reason == 0) & parsed
                                          & (types != int(ActionType.DO_NOTHING))).sum()),
             "created_total": int(created.sum()),
-            "parse_failures": int((~np.asarray(ro.parsed)).sum()),
-            "invalid_actions": int(((np.asarray(ro.reason) != 0) & np.asarray(ro.parsed)).sum()),
+            "parse_failures": int((~parsed).sum()),
+            "invalid_actions": int(((reason != 0) & parsed).sum()),
             "reward_mean": float(sc.mean()),
             "reward_std": float(sc.std()),
             "action_mix": mix,
-            "crowd_posts": int(np.asarray(ro.crowd_posts).sum()),
+            "crowd_posts": int(v.crowd_posts),
             "likes_hist": np.bincount(likes.astype(int), minlength=1).tolist() if n_posts else [],
-            "logprob_gap": float(gap),
-            "tokens_per_s": tokens / max(t_roll, 1e-9),
-            "ticks_per_s": ro.tick.shape[0] / max(t_roll, 1e-9),
+            "logprob_gap": float(v.logprob_gap),
+            # fused_epoch: one program, so rollout_s / tokens_per_s / ticks_per_s cover the
+            # whole epoch (rollout, scoring and update)
+            "fused_epoch": bool(self.fused),
+            "tokens_per_s": float(v.tokens) / max(t_roll, 1e-9),
+            "ticks_per_s": types.shape[0] / max(t_roll, 1e-9),
             "rollout_s": t_roll,
             "wall_s": wall,
-            "ppo": {k: float(v) for k, v in upd.items()},
+            "ppo": {k: float(x) for k, x in upd.items()},
         }
-        m.update(self._topic_metrics(np.asarray(ro.embedding)[is_post]))
+        # Text metrics over the first K posts of the epoch, in tick order (all of them when
+        # the epoch has at most train.text_metrics_posts posts).
+        idx = np.asarray(v.post_index)
+        kept = idx >= 0
+        idx = idx[kept]
+        m.update(self._topic_metrics(np.asarray(v.post_embedding)[kept]))
         # Text drift of the epoch's posts (decoded on the host, action prefix "post:" /
         # "quote <n>:" cut) and the 3 most-liked posts (ties: earliest first) for summary.md.
-        toks, tmask = np.asarray(ro.tokens), np.asarray(ro.mask)
-        where = np.argwhere(is_post)  # (tick, row) in tick order
-        texts = [self.tokenizer.decode(toks[t, b][tmask[t, b]], skip_special_tokens=True)
-                 .split(":", 1)[-1].strip() for t, b in where]
-        authors = [int(np.asarray(ro.agent)[t, b]) for t, b in where]
+        toks, tmask = np.asarray(v.post_tokens)[kept], np.asarray(v.post_mask)[kept]
+        texts = [self.tokenizer.decode(toks[i][tmask[i]], skip_special_tokens=True)
+                 .split(":", 1)[-1].strip() for i in range(len(idx))]
+        authors = [int(a) for a in np.asarray(v.agent).reshape(-1)[idx]]
+        post_likes = eng[..., 0].reshape(-1)[idx]
         m["drift"] = report.text_drift(texts, authors)
-        top = sorted(range(len(texts)), key=lambda i: (-float(likes[i]), i))[:3]
-        m["posts"] = [{"text": texts[i], "likes": int(likes[i]), "agent": authors[i]}
+        top = sorted(range(len(texts)), key=lambda i: (-float(post_likes[i]), i))[:3]
+        m["posts"] = [{"text": texts[i], "likes": int(post_likes[i]), "agent": authors[i]}
                       for i in top]
         if texts:  # the least-liked post (ties: earliest), for the end-of-run console story
-            low = min(range(len(texts)), key=lambda i: (float(likes[i]), i))
-            m["worst_post"] = {"text": texts[low], "likes": int(likes[low]),
+            low = min(range(len(texts)), key=lambda i: (float(post_likes[i]), i))
+            m["worst_post"] = {"text": texts[low], "likes": int(post_likes[low]),
                                "agent": authors[low]}
         return m
 
@@ -569,13 +670,13 @@ class SocialRL:
         return {"crowd_interest_sim": float((emb @ self.crowd_center).mean()),
                 "topic_share": {self.topics[i]: float(c) for i, c in enumerate(counts) if c}}
 
-    def _samples(self, ro: Rollout, score, epoch: int, n: Optional[int] = None) -> List[dict]:
+    def _samples(self, v: EpochView, epoch: int, n: Optional[int] = None) -> List[dict]:
         n = int(self.config.train.log_samples) if n is None else n
-        toks, mask = np.asarray(ro.tokens[-1]), np.asarray(ro.mask[-1])
-        sc = np.asarray(score[-1])
+        toks, mask = np.asarray(v.last_tokens), np.asarray(v.last_mask)
+        sc, agent = np.asarray(v.score)[-1], np.asarray(v.agent)[-1]
         out = []
         for a in range(min(n, toks.shape[0])):
-            out.append({"epoch": epoch, "agent": int(np.asarray(ro.agent)[-1, a]),
+            out.append({"epoch": epoch, "agent": int(agent[a]),
                         "text": self.tokenizer.decode(toks[a][mask[a]], skip_special_tokens=True),
                         "score": float(sc[a])})
         return out

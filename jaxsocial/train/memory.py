@@ -117,7 +117,8 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
              optimizer_dtype: Optional[str] = None, donate: bool = False,
              logits_chunk_bytes: int = 64 * 2 ** 20, rollout_sharded: bool = False,
              score_sharded: bool = False, update_sharded: bool = False,
-             minibatch_rows: Optional[int] = None) -> MemoryEstimate:
+             minibatch_rows: Optional[int] = None,
+             score_micro_batch: int = 0) -> MemoryEstimate:
     """Per-device bytes of the epoch's three programs (rollout, scoring, PPO update).
 
     batch: prompts generated at once (global, the acting agents); trajectories: rows scored
@@ -132,7 +133,8 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     (`generation.scoring.token_stats`).
     update_sharded: whether the update's rows stay split along the data axes (False: as
     measured, each device computes the whole micro-batch); minibatch_rows: rows per optimizer
-    step (global, default train_micro_batch).
+    step (global, default train_micro_batch); score_micro_batch > 0: the scoring pass runs
+    that many rows at a time (`policy.score_batch` with `micro_batch`), 0: all at once.
 
     Model (checked against XLA's memory_analysis of the compiled programs by
     tests/test_aot_memory.py): run state = policy + reference + optimizer; the rollout adds
@@ -184,15 +186,27 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     rollout_out = rows * traj_row
     rollout = state + kv_cache + merged + prefill + rollout_out
 
-    # Scoring: policy and reference forwards over all trajectories at once: one layer's
-    # attention temporaries (4 float32 [rows, heads, S, S]) + every layer's hidden states of
-    # both models (split along embed by fsdp).
-    b_s = math.ceil(rows / data) if score_sharded else rows
+    # Scoring: policy and reference forwards over the rows scored at once (all trajectories,
+    # or score_micro_batch of them): one layer's attention temporaries (4 float32
+    # [rows, heads, S, S]) + every layer's hidden states of both models (split along embed by
+    # fsdp).
+    at_once = min(rows, int(score_micro_batch)) if score_micro_batch else rows
+    b_s = math.ceil(at_once / data) if score_sharded else at_once
     f = mesh["fsdp"] if h % mesh["fsdp"] == 0 else 1
     layer_tmp = 4 * b_s * heads_l * seq * seq * 4 + L * 2 * b_s * seq * h * cbytes // f
     logits_blk = min(logits_chunk_bytes, b_s * response_len * cfg.vocab_size * 4)
     batch_bytes = rows * (seq * 5 + response_len * 16)
-    score = state + merged + rollout_out + batch_bytes + layer_tmp + 2 * logits_blk
+    # The optimizer state is not an input of scoring (jit drops unused arguments).
+    score = (params + reference + value_head + merged + rollout_out + batch_bytes + layer_tmp
+             + 2 * logits_blk)
+    if score_micro_batch and mesh["fsdp"] > 1:
+        # Chunked scoring is a loop whose weight all-gathers are loop-invariant: XLA hoists
+        # them, keeping both models' embedding and LM head gathered and, per layer, about
+        # half a layer's weights (measured by benchmarks/aot_memory.py --programs=score at
+        # 8B on (1, 8, 1): 15.5 GiB per device; one calibration point).
+        layer_w = (n_local * mesh["fsdp"] - 2 * cfg.vocab_size * h) // max(L, 1) * pbytes
+        models = 2 if (with_reference and not lora_rank) else 1
+        score += models * 2 * cfg.vocab_size * h * pbytes // t + L * layer_w // 2
 
     # Update: the new state (unless donated), gradients (accumulator + one micro-batch's),
     # the activations and the logits block. Measured (benchmarks/aot_memory.py, 8B shapes on

@@ -1,0 +1,68 @@
+"""One compiled program per epoch (`SocialRL._epoch_fn`) against the three-program path."""
+import jax
+import numpy as np
+from conftest import load_config_file
+from test_train_loop import assert_trained, mismatches, perturbed, trained_parts
+
+from jaxsocial.train import loop, sharding
+
+TIMING = ("tokens_per_s", "ticks_per_s", "rollout_s", "wall_s", "fused_epoch")
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+def _run(fused, seed=0):
+    c = load_config_file("configs/demo.py", "smoke")
+    c.train.fused_epoch = fused
+    c.seed = seed
+    return loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+
+
+def _strip(m):
+    m = {k: v for k, v in m.items() if k not in TIMING}
+    ppo = m.pop("ppo")
+    return m, ppo
+
+
+def test_one_program_epoch_matches_three_programs_and_compiles_once():
+    fused, three = _run(True), _run(False)
+    assert fused.fused and not three.fused
+    s_f, s_t = fused.init_state(), three.init_state()
+    init = trained_parts(s_f.train)
+    assert mismatches(init, trained_parts(s_t.train)) == []
+    s_f, m_f, samples_f = fused.run_epoch(s_f)
+    s_t, m_t, samples_t = three.run_epoch(s_t)
+    assert m_f["fused_epoch"] and not m_t["fused_epoch"]
+    (a, ppo_f), (b, ppo_t) = _strip(m_f), _strip(m_t)
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], float):
+            np.testing.assert_allclose(a[k], b[k], rtol=1e-5, err_msg=k)
+        else:
+            assert a[k] == b[k], k
+    for k in ppo_f:
+        np.testing.assert_allclose(ppo_f[k], ppo_t[k], rtol=1e-4, atol=1e-7, err_msg=k)
+    assert samples_f == samples_t
+    # A real update on both paths, to the same parameters and Adam moments.
+    t_f, t_t = trained_parts(s_f.train), trained_parts(s_t.train)
+    assert m_f["total_posts"] > 0
+    assert_trained(init, t_f, ppo_f["grad_norm"])
+    assert mismatches(t_f, t_t, **TOL) == []
+    for part in ("params", "mu", "nu"):  # negative control: a 0.1% change is caught
+        assert mismatches(t_f, perturbed(t_t, part), **TOL), part
+    # The society and the loop key moved on identically.
+    np.testing.assert_array_equal(sharding.to_host(s_f.key), sharding.to_host(s_t.key))
+    np.testing.assert_array_equal(sharding.to_host(s_f.society.posts.id),
+                                  sharding.to_host(s_t.society.posts.id))
+    # A second epoch reuses the compiled program; the epoch counter advances.
+    s_f, m2, _ = fused.run_epoch(s_f)
+    assert fused.epoch_trace_count == 1 and m2["epoch"] == 2
+    # Negative control: another seed's epoch is a different run.
+    other = _run(True, seed=1)
+    s_o, _, _ = other.run_epoch(other.init_state())
+    assert mismatches(t_f, trained_parts(s_o.train), **TOL)
+
+
+def test_a_host_side_reward_keeps_three_programs():
+    c = load_config_file("configs/demo.py", "smoke")
+    c.code.enabled = True
+    assert not loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1])).fused
