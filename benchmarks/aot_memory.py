@@ -132,7 +132,8 @@ def main():
     ap.add_argument("--set", action="append", help="config override key=value (all rows)")
     ap.add_argument("--layers", default="", help="'N': compile an N-layer variant; 'A,B': "
                     "compile A and B layers and extrapolate to the preset's layer count")
-    ap.add_argument("--programs", default="rollout,score,update")
+    ap.add_argument("--programs", default="rollout,score,update",
+                    help="rollout,score,update (three programs) or epoch (the one-program epoch)")
     ap.add_argument("--json", default="", help="write the results here")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()

@@ -83,3 +83,16 @@ def test_general_py_abstract_run_estimates_the_whole_epochs_rows():
     assert all_rows.programs["score"] > 10 * run.memory_estimate().programs["score"]
     # The rollout generates B rows per tick either way (only its [T, B] outputs grow).
     assert full.programs["rollout"] == pytest.approx(few.programs["rollout"], rel=0.01)
+
+
+def test_the_one_program_epoch_compiles_abstractly_and_donates_its_state():
+    """`aot.compile_epoch(programs=("epoch",))`: the fused epoch of demo.py:smoke compiles on
+    abstract weights, and its new state reuses the donated state's buffers (alias > 0)."""
+    from conftest import load_config_file
+
+    c = load_config_file("configs/demo.py", "smoke")
+    run = aot.abstract_run(c, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    (mem,) = aot.compile_epoch(run, programs=("epoch",))
+    state_bytes = aot.per_device_bytes(aot.abstract_state(run))
+    assert mem.name == "epoch" and mem.argument >= state_bytes
+    assert mem.alias >= 0.5 * aot.per_device_bytes(aot.abstract_state(run).train), mem

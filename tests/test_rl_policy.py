@@ -3,8 +3,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 from conftest import jaxpr_shapes
+from flax import nnx
 from test_rl_common import RESP, standard_prompts, tiny_policy
 
 from jaxsocial.rl import buffer, ppo

@@ -223,8 +223,13 @@ def _compile(name, fn, args, other) -> tuple:
 def compile_epoch(run: loop.SocialRL, state: Optional[loop.RunState] = None,
                   programs=("rollout", "score", "update")) -> List[ProgramMemory]:
     """Lower and compile the epoch's programs as `run.run_epoch` calls them, on abstract
-    arguments; returns one ProgramMemory per program (per-device bytes)."""
+    arguments; returns one ProgramMemory per program (per-device bytes). programs: any of
+    rollout / score / update (the three-program path), or "epoch": the one-program epoch
+    (`SocialRL.epoch_program`, state donated: its outputs alias the state's buffers)."""
     state = abstract_state(run) if state is None else state
+    if "epoch" in programs:
+        mem, _ = _compile("epoch", run.epoch_program(state), (state, run.grammar), 0)
+        return [mem]
     rep = sharding.replicated(run.mesh)
     key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=rep)
     train = state.train

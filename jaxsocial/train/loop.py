@@ -560,16 +560,21 @@ class SocialRL:
                        epoch=state.epoch + 1)
         return new, upd, self._view_fn(ro, score, eng, gap)
 
-    def _run_fused(self, state: RunState):
+    def epoch_program(self, state: RunState):
+        """The jitted one-program epoch `f(state, grammar) -> (state, update metrics,
+        EpochView)`: state shardings pinned (those of `state`, as `place` gives them) and the
+        state donated. The grammar is a replicated argument, never a baked constant."""
         if self._epoch is None:
             sh = self.state_shardings(state)
             rep = sharding.replicated(self.mesh)
-            # The grammar is a (replicated) argument, never a baked constant; the state is
-            # donated, so its old buffers are reused for the new one.
             self._epoch = jax.jit(self._epoch_fn, donate_argnums=0, in_shardings=(sh, rep),
                                   out_shardings=(sh, rep, rep))
+        return self._epoch
+
+    def _run_fused(self, state: RunState):
+        epoch = self.epoch_program(state)
         t0 = time.perf_counter()
-        new, upd, view = self._epoch(state, self.grammar)
+        new, upd, view = epoch(state, self.grammar)
         jax.block_until_ready(new.train.step)
         wall = time.perf_counter() - t0
         view, upd = sharding.to_host((view, upd))
