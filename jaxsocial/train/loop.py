@@ -319,11 +319,13 @@ class SocialRL:
         """Fresh run: initial policy (= reference), society reset, keys from config.seed."""
         key = jax.random.key(int(self.config.seed))
         k_train, k_soc, k_loop = jax.random.split(key, 3)
-        train = optim.init_train_state(self.rl_config, self.pdef,
-                                         jax.tree.map(jnp.copy, self._init_params),
-                                         self._init_ref, k_train)
-        soc = society.reset(k_soc, self.params, self.crowd_text, self.interest_bank,
-                            self.agent_interest)
+        # Fresh buffers throughout: the one-program epoch donates the state, so nothing in it
+        # may share a buffer with what the run keeps (initial weights, text banks).
+        copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731
+        train = optim.init_train_state(self.rl_config, self.pdef, copy(self._init_params),
+                                       copy(self._init_ref), k_train)
+        soc = copy(society.reset(k_soc, self.params, self.crowd_text, self.interest_bank,
+                                 self.agent_interest))
         return self.place(RunState(train=train, society=soc, key=jax.random.key_data(k_loop),
                                    epoch=jnp.zeros((), jnp.int32)))
 
