@@ -408,8 +408,11 @@ def apply_actions(state: SocialState, actions: ActionBatch, params: SocialParams
         comments=put(new_posts.comments, zero), reports=put(new_posts.reports, zero),
         likes_h=put(new_posts.likes_h, zero),
         last_comment=put(last_comment, jnp.full((b,), EMPTY, jnp.int32)),
-        prev_comment=put(new_posts.prev_comment, prev_c),
-        prev_by_author=put(new_posts.prev_by_author, prev_a),
+        # (links not kept stay EMPTY: no write, no work in the default tick)
+        prev_comment=(put(new_posts.prev_comment, prev_c) if params.feed_comments > 1
+                      else new_posts.prev_comment),
+        prev_by_author=(put(new_posts.prev_by_author, prev_a) if params.feed_following > 0
+                        else new_posts.prev_by_author),
         next_id=posts.next_id + jnp.sum(cr, dtype=jnp.int32))
     overwritten = jnp.zeros((cap,), bool).at[cslot].set(True, mode="drop")
     like_delta = jnp.where(overwritten, 0, like_delta)
