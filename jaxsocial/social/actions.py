@@ -55,6 +55,11 @@ class ActionType(enum.IntEnum):
     UNMUTE = 17
     REFRESH = 18
     MALFORMED = 19  # an agent output that did not parse: counted, never applied
+    # Read-only actions (no state change in `apply_actions`): their results become the acting
+    # LLM agent's next feed (`search.deliver`, from `society.step`).  `embedding` is the query.
+    SEARCH_POSTS = 20  # top-K posts by cos(query, post embedding)
+    SEARCH_USER = 21  # the latest posts of the top-K users by cos(query, user interest)
+    TREND = 22  # the most-liked posts of the last `trend_window` ticks
 
 
 NUM_TYPES = len(ActionType)
@@ -88,6 +93,7 @@ _POST_TARGET = (T.LIKE_POST, T.UNLIKE_POST, T.DISLIKE_POST, T.UNDO_DISLIKE_POST,
 _COMMENT_TARGET = (T.LIKE_COMMENT, T.UNLIKE_COMMENT, T.DISLIKE_COMMENT, T.UNDO_DISLIKE_COMMENT)
 _USER_TARGET = (T.FOLLOW, T.UNFOLLOW, T.MUTE, T.UNMUTE)
 CREATING_TYPES = (T.CREATE_POST, T.REPOST, T.QUOTE_POST, T.CREATE_COMMENT)
+SEARCH_TYPES = (T.SEARCH_POSTS, T.SEARCH_USER, T.TREND)
 
 # Families for conflict resolution / state memory.
 FAM_NONE, FAM_LIKE, FAM_DISLIKE, FAM_REPOST, FAM_REPORT, FAM_FOLLOW, FAM_MUTE = range(7)
@@ -387,6 +393,9 @@ def apply_actions(state: SocialState, actions: ActionBatch, params: SocialParams
     is_comment = cr & (t == T.CREATE_COMMENT)
     last_comment = posts.last_comment.at[jnp.where(is_comment, eslot, cap)].max(
         new_id, mode="drop")
+    shows_in_feed = cr & (t != T.CREATE_COMMENT)
+    prev_c, prev_a = _links(posts, users, params, cr, is_comment, shows_in_feed, actor, eslot,
+                            new_id)
     def put(arr, v):
         return arr.at[cslot].set(v, mode="drop")
     new_posts = new_posts.replace(
@@ -399,10 +408,14 @@ def apply_actions(state: SocialState, actions: ActionBatch, params: SocialParams
         comments=put(new_posts.comments, zero), reports=put(new_posts.reports, zero),
         likes_h=put(new_posts.likes_h, zero),
         last_comment=put(last_comment, jnp.full((b,), EMPTY, jnp.int32)),
+        # (links not kept stay EMPTY: no write, no work in the default tick)
+        prev_comment=(put(new_posts.prev_comment, prev_c) if params.feed_comments > 1
+                      else new_posts.prev_comment),
+        prev_by_author=(put(new_posts.prev_by_author, prev_a) if params.feed_following > 0
+                        else new_posts.prev_by_author),
         next_id=posts.next_id + jnp.sum(cr, dtype=jnp.int32))
     overwritten = jnp.zeros((cap,), bool).at[cslot].set(True, mode="drop")
     like_delta = jnp.where(overwritten, 0, like_delta)
-    shows_in_feed = cr & (t != T.CREATE_COMMENT)
     last_post = users.last_post.at[drop_row(shows_in_feed)].max(new_id, mode="drop")
 
     new_state = state.replace(
@@ -421,6 +434,74 @@ def apply_actions(state: SocialState, actions: ActionBatch, params: SocialParams
         invalid_counts=jnp.zeros((NUM_REASONS,), jnp.int32).at[reason].add(1),
         like_delta=like_delta)
     return new_state, info
+
+
+def _links(posts, users, params: SocialParams, cr, is_comment, shows_in_feed, actor, eslot,
+           new_id):
+    """`prev_comment` / `prev_by_author` of the batch's created rows `[B]` (EMPTY where not
+    kept: `params.feed_comments <= 1` / `params.feed_following == 0`).  A row's predecessor is
+    the previous creation of its group in the batch (comments: same parent; posts / reposts /
+    quotes: same author), else the group's head before the batch (`posts.last_comment` /
+    `users.last_post`).  One sort of the batch, only when a link is kept."""
+    b = cr.shape[0]
+    keep_c, keep_a = params.feed_comments > 1, params.feed_following > 0
+    none = jnp.full((b,), EMPTY, jnp.int32)
+    if not (keep_c or keep_a):
+        return none, none
+    n = params.num_users
+    key = jnp.where(is_comment, n + eslot, jnp.where(shows_in_feed, actor, _INT_MAX))
+    idx = jnp.arange(b, dtype=jnp.int32)
+    skey, sid, order = jax.lax.sort((key, new_id, idx), num_keys=2)
+    same = jnp.concatenate([jnp.zeros((1,), bool), skey[1:] == skey[:-1]])
+    prev_s = jnp.concatenate([none[:1], sid[:-1]])
+    in_batch = none.at[order].set(jnp.where(same, prev_s, EMPTY))
+    head = jnp.where(is_comment, posts.last_comment[eslot], users.last_post[actor])
+    prev = jnp.where(in_batch >= 0, in_batch, head)
+    return (jnp.where(is_comment & keep_c, prev, EMPTY),
+            jnp.where(shows_in_feed & keep_a, prev, EMPTY))
+
+
+def update_profiles(before: SocialState, after: SocialState, actions: ActionBatch,
+                    info: ApplyInfo, params: SocialParams) -> SocialState:
+    """Fold one applied action batch into the TwHIN profiles of `after` (a no-op unless
+    recsys == "twhin").
+
+    Every accepted like_post (of the effective post: a repost's original) and every accepted
+    create_post / repost / quote_post adds that post's embedding to its actor's `profile_sum`
+    and 1 to `profile_count`, so the profile is the running mean over the bio and all those
+    posts; the bio keeps weight 1 / profile_count.  Unlikes do not subtract (a running mean of
+    what the user engaged with), comments and comment likes do not count (OASIS's profile reads
+    the post table).  `before` is the state the batch was applied to (a liked post's embedding
+    is read there: it may be overwritten in `after`); `after` must hold the created posts'
+    final embeddings.  actions `[B]`; cost O(B d) (a scatter-add into `[N, d]`).
+    """
+    if params.recsys != "twhin":
+        return after
+    t = actions.type
+    ok = info.reason == Reason.OK
+    liked = ok & (t == T.LIKE_POST)
+    made = ok & ((t == T.CREATE_POST) | (t == T.REPOST) | (t == T.QUOTE_POST))
+    liked_emb = before.posts.embedding[before.posts.slot(info.effective_target)]
+    made_emb = after.posts.embedding[after.posts.slot(info.created_id)]
+    emb = jnp.where(liked[:, None], liked_emb, made_emb)
+    n = params.num_users
+    row = jnp.where(liked | made, actions.actor, n)  # out of range -> dropped
+    users = after.users
+    return after.replace(users=users.replace(
+        profile_sum=users.profile_sum.at[row].add(emb, mode="drop"),
+        profile_count=users.profile_count.at[row].add(1, mode="drop")))
+
+
+def apply_and_update(state: SocialState, actions: ActionBatch, params: SocialParams,
+                     finish=None) -> tuple[SocialState, ApplyInfo]:
+    """`apply_actions`, then `update_profiles` (what every batch of a tick goes through: the
+    agents' in `society.step`, the crowd's in `reactions.crowd_step`).  `finish(state, info) ->
+    state`, if given, runs between the two (the crowd's by-id text fills created posts' final
+    embeddings, which the profiles read)."""
+    after, info = apply_actions(state, actions, params)
+    if finish is not None:
+        after = finish(after, info)
+    return update_profiles(state, after, actions, info, params), info
 
 
 def reason_names() -> list[str]:

@@ -58,6 +58,12 @@ COUNT_SEP = " ·"
 LIKE_WORDS = (" like", " likes")  # singular when the count is 1
 COMMENT_WORDS = (" comment", " comments")
 COMMENT_HEAD = "\n  newest comment by"
+# feed_comments >= 1: each shown comment on its own labelled line, "\n  comment [n] by <name>:
+# <text> · <likes>"; comment labels continue after the K post labels (post k's c-th comment is
+# n = K + (k - 1) C + c), so "like_comment <n>" names one.
+COMMENT_LINE = "\n  comment"
+COMMENT_LABEL = " [{n}]"
+COMMENT_BY = " by"
 POST_END = "\n"
 MAX_COUNT = 999  # larger counts are shown as "999+"
 _POW10 = np.asarray([10 ** i for i in range(10)], np.int64)
@@ -74,12 +80,15 @@ class FeedComment(NamedTuple):
 
 class FeedPost(NamedTuple):
     """A feed post as shown (host side): author name, text in stored (leading-space) form,
-    like and comment counts, and its newest comment (None = none)."""
+    like and comment counts, its newest comment (None = none; the `newest_comment` style), and
+    `thread`: its shown comments newest first, None for an empty comment slot (the
+    `feed_comments` style)."""
     author: str
     text: str
     likes: int
     comments: int
     newest: Optional[FeedComment] = None
+    thread: Tuple[Optional[FeedComment], ...] = ()
 
 
 def crowd_name(user_id: int) -> str:
@@ -113,30 +122,48 @@ def _name_strings(name: str) -> List[str]:
     return [" " + name]
 
 
-def _post_strings(k: int, post: FeedPost, newest_comment: bool = True) -> List[str]:
+def comment_label(k: int, c: int, feed_size: int, feed_comments: int) -> int:
+    """The label number of the c-th (1-based) shown comment of feed post k (1-based)."""
+    return feed_size + (k - 1) * feed_comments + c
+
+
+def _comment_strings(c: FeedComment) -> List[str]:
+    return _name_strings(c.author) + [NAME_SEP, c.text, COUNT_SEP, " " + count_text(c.likes),
+                                      LIKE_WORDS[c.likes != 1]]
+
+
+def _post_strings(k: int, post: FeedPost, newest_comment: bool = True, feed_comments: int = 0,
+                  feed_size: int = 0) -> List[str]:
     """The pieces of feed post `k` (1-based) in assembly order; "".join is its text."""
     out = [LABEL.format(k=k)] + _name_strings(post.author) + [NAME_SEP, post.text]
     out += [COUNT_SEP, " " + count_text(post.likes), LIKE_WORDS[post.likes != 1],
             COUNT_SEP, " " + count_text(post.comments), COMMENT_WORDS[post.comments != 1]]
+    if feed_comments > 0:
+        for c, com in enumerate(tuple(post.thread)[:feed_comments]):
+            if com is not None:
+                n = comment_label(k, c + 1, feed_size, feed_comments)
+                out += [COMMENT_LINE, COMMENT_LABEL.format(n=n), COMMENT_BY]
+                out += _comment_strings(com)
+        return out + [POST_END]
     c = post.newest
     if newest_comment and c is not None:
-        out += [COMMENT_HEAD] + _name_strings(c.author) + [NAME_SEP, c.text, COUNT_SEP,
-                                                           " " + count_text(c.likes),
-                                                           LIKE_WORDS[c.likes != 1]]
+        out += [COMMENT_HEAD] + _comment_strings(c)
     return out + [POST_END]
 
 
-def render_post(k: int, post: FeedPost, newest_comment: bool = True) -> str:
-    """Text of feed post `k` (1-based), newline-terminated."""
-    return "".join(_post_strings(k, post, newest_comment))
+def render_post(k: int, post: FeedPost, newest_comment: bool = True, feed_comments: int = 0,
+                feed_size: int = 0) -> str:
+    """Text of feed post `k` (1-based), newline-terminated.  `feed_comments` > 0: its `thread`
+    with comment labels (needs the feed's `feed_size`)."""
+    return "".join(_post_strings(k, post, newest_comment, feed_comments, feed_size))
 
 
 def render_user_message(instruction: str, posts: Sequence[Optional[FeedPost]], footer: str,
-                        newest_comment: bool = True) -> str:
+                        newest_comment: bool = True, feed_comments: int = 0) -> str:
     """Host-side text of the user turn for a feed: posts in feed order, None for an empty slot
     (skipped; labels stay feed positions). This is the spec `assemble` must equal."""
-    body = "".join(render_post(k + 1, p, newest_comment) for k, p in enumerate(posts)
-                   if p is not None)
+    body = "".join(render_post(k + 1, p, newest_comment, feed_comments, len(posts))
+                   for k, p in enumerate(posts) if p is not None)
     return instruction + "\n" + body + footer
 
 
@@ -155,7 +182,8 @@ class PromptTemplate:
     "00".."99", "000".."999"); counts [1001, Lk] (" 0".." 999", " 999+"); like_words /
     comment_words [2, Lw] (singular, plural); name_sep, count_sep, comment_head, post_end.
     pad_id fills the left padding; max_len is the static prompt length; newest_comment whether
-    posts show their newest comment.
+    posts show their newest comment; feed_comments = C > 0: instead, each post shows up to C
+    comments on labelled lines (comment_line, comment_labels [K C, Lcl], comment_by).
     """
 
     head: Array
@@ -180,15 +208,20 @@ class PromptTemplate:
     count_sep: Array
     comment_head: Array
     post_end: Array
+    comment_line: Array = None
+    comment_labels: Array = None  # [K * C, Lcl] " [K+1]" .. " [K+KC]"
+    comment_label_len: Array = None
+    comment_by: Array = None
     pad_id: int = struct.field(pytree_node=False, default=0)
     max_len: int = struct.field(pytree_node=False, default=0)
     newest_comment: bool = struct.field(pytree_node=False, default=True)
+    feed_comments: int = struct.field(pytree_node=False, default=0)
 
     @staticmethod
     def build(tokenizer, personas: Sequence[str], instruction: str, footer: str, feed_size: int,
               content_len: int, names: Optional[Sequence[str]] = None,
               newest_comment: bool = True, num_users: Optional[int] = None,
-              bucket: int = 64) -> "PromptTemplate":
+              bucket: int = 64, feed_comments: int = 0) -> "PromptTemplate":
         """Tokenize the fixed pieces with `tokenizer` (a transformers tokenizer with a chat
         template). The user message is `instruction + "\\n" + feed + footer`. Agent a is
         user a, shown as `names[a]` (default: the name in its persona, "You are Ada, ...").
@@ -196,8 +229,11 @@ class PromptTemplate:
         `max_len` is the worst case (longest persona, K full posts with full newest comments,
         longest names and counts; crowd ids below `num_users`, default any int32) rounded up
         to `bucket`. Raises ValueError when the tokenizer
-        does not split the pieces canonically (checked on sample feeds).
+        does not split the pieces canonically (checked on sample feeds). `feed_comments` = C > 0
+        shows up to C labelled comments per post (newest_comment is then ignored).
         """
+        if feed_comments < 0:
+            raise ValueError(f"feed_comments must be >= 0, got {feed_comments}")
         for i, p in enumerate(personas):
             if p != p.strip() or not p:
                 raise ValueError(f"persona {i} must be non-empty without surrounding "
@@ -227,7 +263,7 @@ class PromptTemplate:
                 out[i, :len(r)] = r
             return out, np.asarray([len(r) for r in rows], np.int32)
 
-        _check_canonical(ids, names)
+        _check_canonical(ids, names, feed_comments)
         persona, persona_len = table(personas)
         labels, label_len = table([LABEL.format(k=k + 1) for k in range(feed_size)])
         name_t, name_len = table([" " + n for n in names])
@@ -235,10 +271,12 @@ class PromptTemplate:
         counts, count_len = table([" " + count_text(n) for n in range(MAX_COUNT + 2)])
         like_w, like_w_len = table(LIKE_WORDS)
         com_w, com_w_len = table(COMMENT_WORDS)
+        ncl = max(feed_size * feed_comments, 1)
+        com_l, com_l_len = table([COMMENT_LABEL.format(n=feed_size + i + 1) for i in range(ncl)])
         fixed = {k: np.asarray(ids(v), np.int32) for k, v in dict(
             head=head_text, middle=middle_text, tail=tail_text, crowd_prefix=CROWD_PREFIX,
             name_sep=NAME_SEP, count_sep=COUNT_SEP, comment_head=COMMENT_HEAD,
-            post_end=POST_END).items()}
+            post_end=POST_END, comment_line=COMMENT_LINE, comment_by=COMMENT_BY).items()}
         digits = len(str(max(int(num_users) - 1, 0))) if num_users else 10
         longest_name = max(int(name_len.max()), len(fixed["crowd_prefix"])
                            + -(-digits // 3) * int(group_len.max()))
@@ -247,9 +285,12 @@ class PromptTemplate:
         n_sep, c_sep = len(fixed["name_sep"]), len(fixed["count_sep"])
         post = (int(label_len.max()) + longest_name + n_sep + content_len
                 + 2 * (c_sep + num + word) + len(fixed["post_end"]))
-        if newest_comment:
-            post += (len(fixed["comment_head"]) + longest_name + n_sep + content_len + c_sep
-                     + num + word)
+        comment = longest_name + n_sep + content_len + c_sep + num + word
+        if feed_comments:
+            post += feed_comments * (len(fixed["comment_line"]) + int(com_l_len.max())
+                                     + len(fixed["comment_by"]) + comment)
+        elif newest_comment:
+            post += len(fixed["comment_head"]) + comment
         worst = (len(fixed["head"]) + int(persona_len.max()) + len(fixed["middle"])
                  + feed_size * post + len(fixed["tail"]))
         max_len = -(-worst // bucket) * bucket
@@ -263,15 +304,17 @@ class PromptTemplate:
             like_word_len=j(like_w_len), comment_words=j(com_w), comment_word_len=j(com_w_len),
             name_sep=j(fixed["name_sep"]), count_sep=j(fixed["count_sep"]),
             comment_head=j(fixed["comment_head"]), post_end=j(fixed["post_end"]),
+            comment_line=j(fixed["comment_line"]), comment_labels=j(com_l),
+            comment_label_len=j(com_l_len), comment_by=j(fixed["comment_by"]),
             pad_id=int(tokenizer.pad_token_id or 0), max_len=int(max_len),
-            newest_comment=bool(newest_comment))
+            newest_comment=bool(newest_comment), feed_comments=int(feed_comments))
 
 
 _SAMPLE_TEXTS = (" Hello world!", " 2024 was great!!", " ok", " Is it 8:15 yet?", " wow...\n",
                  " trailing space ", " (quoted) \"yes\"", " 100% sure", " it's fine", " émoji 🎉")
 
 
-def _check_canonical(ids, names: Sequence[str]) -> None:
+def _check_canonical(ids, names: Sequence[str], feed_comments: int = 0) -> None:
     """Raise ValueError unless the tokenizer's ids of sample feed posts equal the concatenation
     of their pieces' ids (the property `assemble` relies on)."""
     users = [0, 7, 42, 999, 1000, 20481, 1234567, 2**31 - 1]
@@ -282,7 +325,12 @@ def _check_canonical(ids, names: Sequence[str]) -> None:
                         counts[(i + 2) % len(counts)])
         post = FeedPost(author, text, counts[i % len(counts)], counts[(i + 1) % len(counts)], c)
         pieces = ["Feed:\n"] + _post_strings(i + 1, post) + _post_strings(i + 2, post._replace(
-            newest=None)) + ["Your action:"]
+            newest=None))
+        if feed_comments:  # a post with labelled comments, one comment slot empty
+            c2 = c._replace(text=_SAMPLE_TEXTS[i - 3], author=author)
+            thread = post._replace(thread=(c, None, c2))
+            pieces += _post_strings(i + 3, thread, True, 3, 9 + 10 ** (i % 4))
+        pieces += ["Your action:"]
         whole = ids("".join(pieces))
         joined = [t for p in pieces for t in ids(p)]
         if whole != joined:
@@ -294,8 +342,10 @@ def _check_canonical(ids, names: Sequence[str]) -> None:
 class FeedView:
     """What the prompt shows of B feeds of K posts: content tokens [B, K, L] (right-padded with
     PAD_TOKEN; a position holds a token iff >= 0), valid [B, K] bool, author / likes / comments
-    [B, K] int32; the newest comment: has_comment [B, K] bool, comment_tokens [B, K, L],
-    comment_author / comment_likes [B, K]."""
+    [B, K] int32; the shown comments: has_comment, comment_author, comment_likes [B, K] (the
+    newest comment) or [B, K, C] (C comments newest first, `feed_view(..., num_comments=C)`),
+    comment_tokens [B, K, L] or [B, K, C, L]; comment_ids [B, K, C] global ids (EMPTY where
+    none is shown; the targets of comment actions) or None."""
 
     tokens: Array
     valid: Array
@@ -306,19 +356,41 @@ class FeedView:
     comment_tokens: Array
     comment_author: Array
     comment_likes: Array
+    comment_ids: Optional[Array] = None
 
 
-def feed_view(posts, slots: Array, valid: Array) -> FeedView:
+def feed_view(posts, slots: Array, valid: Array, num_comments: Optional[int] = None
+              ) -> FeedView:
     """FeedView of feeds given as post slots [B, K] (`Feed.slots`, `Feed.valid`) of
-    `state.posts`. A newest comment is shown while it is alive in the ring buffer."""
+    `state.posts`. A comment is shown while it is alive in the ring buffer and has text.
+
+    num_comments None: the newest comment (`posts.last_comment`), fields [B, K]. An int C >= 1:
+    the C newest comments (`last_comment`, then `posts.prev_comment`, kept when the society's
+    `feed_comments` > 1), fields [B, K, C]; O(B K C) gathers."""
     last = posts.last_comment[slots]
-    cslot = posts.slot(last)
+    if num_comments is None:
+        cslot = posts.slot(last)
+        ctok = posts.tokens[cslot]
+        has = valid & posts.alive(last) & jnp.any(ctok >= 0, axis=-1)
+        return FeedView(tokens=posts.tokens[slots], valid=valid, author=posts.author[slots],
+                        likes=posts.likes[slots], comments=posts.comments[slots],
+                        has_comment=has, comment_tokens=ctok,
+                        comment_author=posts.author[cslot], comment_likes=posts.likes[cslot])
+    if num_comments < 1:
+        raise ValueError(f"num_comments must be >= 1 (or None), got {num_comments}")
+    chain, cur = [], jnp.where(valid, last, -1)
+    for c in range(num_comments):
+        chain.append(cur)
+        if c + 1 < num_comments:
+            cur = jnp.where(posts.alive(cur), posts.prev_comment[posts.slot(cur)], -1)
+    cid = jnp.stack(chain, axis=-1)  # [B, K, C]
+    cslot = posts.slot(cid)
     ctok = posts.tokens[cslot]
-    has = valid & posts.alive(last) & jnp.any(ctok >= 0, axis=-1)
+    has = valid[..., None] & posts.alive(cid) & jnp.any(ctok >= 0, axis=-1)
     return FeedView(tokens=posts.tokens[slots], valid=valid, author=posts.author[slots],
                     likes=posts.likes[slots], comments=posts.comments[slots], has_comment=has,
                     comment_tokens=ctok, comment_author=posts.author[cslot],
-                    comment_likes=posts.likes[cslot])
+                    comment_likes=posts.likes[cslot], comment_ids=jnp.where(has, cid, -1))
 
 
 def _name_pieces(t: PromptTemplate, author: Array, on: Array) -> List[Tuple[Array, Array]]:
@@ -365,30 +437,47 @@ def assemble(template: PromptTemplate, agent_ids: Array, feed: FeedView) -> Tupl
     """
     chex.assert_rank(feed.tokens, 3)
     b, k, _ = feed.tokens.shape
-    chex.assert_shape([feed.valid, feed.author, feed.likes, feed.comments, feed.has_comment,
-                       feed.comment_author, feed.comment_likes], (b, k))
-    chex.assert_equal_shape([feed.tokens, feed.comment_tokens])
     t = template
+    chex.assert_shape([feed.valid, feed.author, feed.likes, feed.comments], (b, k))
+    if t.feed_comments:
+        chex.assert_shape([feed.has_comment, feed.comment_author, feed.comment_likes],
+                          (b, k, t.feed_comments))
+        chex.assert_shape(feed.comment_tokens, (b, k, t.feed_comments, feed.tokens.shape[2]))
+    else:
+        chex.assert_shape([feed.has_comment, feed.comment_author, feed.comment_likes], (b, k))
+        chex.assert_equal_shape([feed.tokens, feed.comment_tokens])
     def fixed(piece, on=None):
         return (_bcast(piece, b), jnp.full((b,), piece.shape[0], jnp.int32)
                                         if on is None else jnp.where(on, piece.shape[0], 0))
     pieces = [fixed(t.head), (t.persona[agent_ids], t.persona_len[agent_ids]), fixed(t.middle)]
     for j in range(k):
         on = feed.valid[:, j]
-        con = on & feed.has_comment[:, j] if t.newest_comment else jnp.zeros_like(on)
+        con = (on & feed.has_comment[:, j] if t.newest_comment and not t.feed_comments
+               else jnp.zeros_like(on))
         pieces += [(_bcast(t.labels[j], b), jnp.where(on, t.label_len[j], 0))]
         pieces += _name_pieces(t, feed.author[:, j], on)
         pieces += [fixed(t.name_sep, on),
                    (feed.tokens[:, j], jnp.where(on, jnp.sum(feed.tokens[:, j] >= 0, -1), 0))]
         pieces += _count_pieces(t, feed.likes[:, j], t.like_words, t.like_word_len, on)
         pieces += _count_pieces(t, feed.comments[:, j], t.comment_words, t.comment_word_len, on)
-        if t.newest_comment:
-            ctok = feed.comment_tokens[:, j]
+        def comment(author, ctok, likes, on):
+            return (_name_pieces(t, author, on)
+                    + [fixed(t.name_sep, on), (ctok, jnp.where(on, jnp.sum(ctok >= 0, -1), 0))]
+                    + _count_pieces(t, likes, t.like_words, t.like_word_len, on))
+        if t.feed_comments:
+            for c in range(t.feed_comments):
+                con = on & feed.has_comment[:, j, c]
+                n = j * t.feed_comments + c
+                pieces += [fixed(t.comment_line, con),
+                           (_bcast(t.comment_labels[n], b),
+                            jnp.where(con, t.comment_label_len[n], 0)),
+                           fixed(t.comment_by, con)]
+                pieces += comment(feed.comment_author[:, j, c], feed.comment_tokens[:, j, c],
+                                  feed.comment_likes[:, j, c], con)
+        elif t.newest_comment:
             pieces += [fixed(t.comment_head, con)]
-            pieces += _name_pieces(t, feed.comment_author[:, j], con)
-            pieces += [fixed(t.name_sep, con), (ctok, jnp.where(con, jnp.sum(ctok >= 0, -1), 0))]
-            pieces += _count_pieces(t, feed.comment_likes[:, j], t.like_words, t.like_word_len,
-                                    con)
+            pieces += comment(feed.comment_author[:, j], feed.comment_tokens[:, j],
+                              feed.comment_likes[:, j], con)
         pieces += [fixed(t.post_end, on)]
     pieces.append(fixed(t.tail))
     # One scatter: every piece's tokens side by side [B, W]; token w of piece p goes to

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxsocial.social import recsys, text_bank
-from jaxsocial.social.actions import ActionBatch, ActionType, ApplyInfo, apply_actions
+from jaxsocial.social.actions import ActionBatch, ActionType, ApplyInfo, apply_and_update
 from jaxsocial.social.state import (
     EMPTY,
     PAD_TOKEN,
@@ -134,11 +134,11 @@ def crowd_step(key: jax.Array, state: SocialState, params: SocialParams
     content, emb = _crowd_content(k_emb, state, params, btype, bactor, has_parent, parent_emb)
     batch = ActionBatch(type=btype, actor=bactor, target=btarget, content=content,
                         embedding=emb, valid=valid)
-    before = state
-    state, info = apply_actions(state, batch, params)
+    finish = None
     if state.text is not None and state.text.by_id:
-        state = _text_by_id(state, info.created_id, btype)
-    state = recsys.update_profiles(before, state, batch, info, params)
+        def finish(s, i):
+            return _text_by_id(s, i.created_id, btype)
+    state, info = apply_and_update(state, batch, params, finish)
     fill = jnp.sum(feed.valid & uok[:, None]) / jnp.maximum(num_active * k, 1)
     return state, CrowdInfo(apply=info, num_active=num_active, active_overflow=act_over,
                             event_overflow=jnp.maximum(total - budget, 0),

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxsocial.social.actions import ActionBatch, ActionType, ApplyInfo, Reason
+from jaxsocial.social import actions as actions_lib
 from jaxsocial.social.state import EMPTY, PostKind, SocialParams, SocialState, normalize
 
 REDDIT_EPOCH_SECONDS = 1134028003  # OASIS / reddit's reference epoch
@@ -126,36 +126,9 @@ def twhin_candidates(key, state: SocialState, params: SocialParams):
     return slot.astype(jnp.int32), live[slot]
 
 
-def update_profiles(before: SocialState, after: SocialState, actions: ActionBatch,
-                    info: ApplyInfo, params: SocialParams) -> SocialState:
-    """Fold one applied action batch into the TwHIN profiles of `after` (a no-op unless
-    recsys == "twhin").
-
-    Every accepted like_post (of the effective post: a repost's original) and every accepted
-    create_post / repost / quote_post adds that post's embedding to its actor's `profile_sum`
-    and 1 to `profile_count`, so the profile is the running mean over the bio and all those
-    posts; the bio keeps weight 1 / profile_count.  Unlikes do not subtract (a running mean of
-    what the user engaged with), comments and comment likes do not count (OASIS's profile reads
-    the post table).  `before` is the state the batch was applied to (a liked post's embedding
-    is read there: it may be overwritten in `after`); `after` must hold the created posts'
-    final embeddings.  actions `[B]`; cost O(B d) (a scatter-add into `[N, d]`).
-    """
-    if params.recsys != "twhin":
-        return after
-    t = actions.type
-    ok = info.reason == Reason.OK
-    liked = ok & (t == ActionType.LIKE_POST)
-    made = ok & ((t == ActionType.CREATE_POST) | (t == ActionType.REPOST)
-                 | (t == ActionType.QUOTE_POST))
-    liked_emb = before.posts.embedding[before.posts.slot(info.effective_target)]
-    made_emb = after.posts.embedding[after.posts.slot(info.created_id)]
-    emb = jnp.where(liked[:, None], liked_emb, made_emb)
-    n = params.num_users
-    row = jnp.where(liked | made, actions.actor, n)  # out of range -> dropped
-    users = after.users
-    return after.replace(users=users.replace(
-        profile_sum=users.profile_sum.at[row].add(emb, mode="drop"),
-        profile_count=users.profile_count.at[row].add(1, mode="drop")))
+# The profile update is applied with every batch (`actions.apply_and_update`); kept here under
+# its old name too.
+update_profiles = actions_lib.update_profiles
 
 
 _TWHIN_BLOCK = 512  # users per block of _twhin_top
@@ -417,3 +390,72 @@ def mark_seen(state: SocialState, users: jax.Array, feed: Feed, params: SocialPa
     count = jnp.where(user_ok, jnp.minimum(jnp.sum(feed.valid, axis=1), s), 0)
     head = mem.seen_head.at[jnp.where(user_ok, u, n)].add(count, mode="drop") % s
     return state.replace(memory=mem.replace(seen=seen, seen_head=head))
+
+
+def following_posts(state: SocialState, users: jax.Array, params: SocialParams,
+                    exclude: jax.Array | None = None):
+    """The followees' most-liked recent posts (OASIS's in-network part of a Twitter feed):
+    (ids `[B, Kf]` int32, valid `[B, Kf]` bool), Kf = `feed_following`.
+
+    Candidates: the `following_depth` newest posts / reposts / quotes of each followee (its
+    author chain `users.last_post`, `posts.prev_by_author`), kept if alive, of kind post or
+    quote, younger than `following_window` ticks, not by a muted author, not seen (seen_policy
+    "exclude") and not in `exclude [B, X]` (posts the feed already shows); ranked by likes,
+    ties newest first.  O(B F D) for F followee slots and depth D; no `[B, P]` work."""
+    chex.assert_rank(users, 1)
+    posts, graph = state.posts, state.graph
+    n, kf = params.num_users, params.feed_following
+    u = jnp.clip(users, 0, n - 1)
+    row = graph.following[u]  # [B, F]
+    cur = jnp.where(row >= 0, state.users.last_post[jnp.maximum(row, 0)], EMPTY)
+    chain = []
+    for _ in range(params.following_depth):
+        chain.append(cur)
+        cur = jnp.where(posts.alive(cur), posts.prev_by_author[posts.slot(cur)], EMPTY)
+    ids = jnp.concatenate(chain, axis=1)  # [B, F * D]
+    slot = posts.slot(ids)
+    kind = posts.kind[slot]
+    ok = (posts.alive(ids) & ((kind == PostKind.POST) | (kind == PostKind.QUOTE))
+          & (state.tick - posts.created_at[slot] < params.following_window)
+          & ((users >= 0) & (users < n))[:, None])
+    muted = jnp.any(posts.author[slot][:, :, None] == graph.muted[u][:, None, :], axis=2)
+    ok = ok & ~muted
+    if params.seen_policy == "exclude":
+        ok = ok & ~jnp.any(ids[:, :, None] == state.memory.seen[u][:, None, :], axis=2)
+    if exclude is not None:
+        ok = ok & ~jnp.any(ids[:, :, None] == exclude[:, None, :], axis=2)
+    imax = jnp.iinfo(jnp.int32).max
+    k1 = jnp.where(ok, -posts.likes[slot], imax)
+    k2 = jnp.where(ok, -ids, imax)
+    s1, _, sid = jax.lax.sort((k1, k2, ids), dimension=1, num_keys=2)
+    if sid.shape[1] < kf:
+        pad = kf - sid.shape[1]
+        s1 = jnp.pad(s1, ((0, 0), (0, pad)), constant_values=imax)
+        sid = jnp.pad(sid, ((0, 0), (0, pad)), constant_values=EMPTY)
+    valid = s1[:, :kf] != imax
+    return jnp.where(valid, sid[:, :kf], EMPTY), valid
+
+
+def compose_following(state: SocialState, users: jax.Array, rec: Feed, params: SocialParams
+                      ) -> Feed:
+    """OASIS's feed: the recommender's first K - Kf posts, then up to Kf = `feed_following`
+    of the followees' most-liked recent posts (`following_posts`, not already shown), then the
+    recommender's remaining posts (minus those), the valid ones first, K in all.  Followee posts
+    carry score 0.0 (they are not ranked against the recommender's).  rec `[B, K]`."""
+    k, kf = params.feed_size, params.feed_following
+    kr = k - kf
+    fol, fok = following_posts(state, users, params, rec.ids[:, :kr])
+    tail_ids = rec.ids[:, kr:]
+    tail_ok = rec.valid[:, kr:] & ~jnp.any(tail_ids[:, :, None] == jnp.where(
+        fok, fol, EMPTY - 1)[:, None, :], axis=2)
+    ids = jnp.concatenate([rec.ids[:, :kr], fol, tail_ids], axis=1)
+    ok = jnp.concatenate([rec.valid[:, :kr], fok, tail_ok], axis=1)
+    score = jnp.concatenate([rec.score[:, :kr], jnp.zeros(fol.shape, jnp.float32),
+                             rec.score[:, kr:]], axis=1)
+    order = jnp.argsort(~ok, axis=1, stable=True)[:, :k]
+    ids = jnp.take_along_axis(ids, order, axis=1)
+    ok = jnp.take_along_axis(ok, order, axis=1)
+    score = jnp.take_along_axis(score, order, axis=1)
+    ids = jnp.where(ok, ids, EMPTY)
+    return Feed(ids=ids, slots=jnp.where(ok, state.posts.slot(ids), 0), valid=ok,
+                score=jnp.where(ok, score, _NEG))

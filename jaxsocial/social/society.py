@@ -17,13 +17,13 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxsocial.social import recsys, text_bank
+from jaxsocial.social import recsys, search, text_bank
 from jaxsocial.social.actions import (
     NUM_REASONS,
     NUM_TYPES,
     ActionBatch,
     ApplyInfo,
-    apply_actions,
+    apply_and_update,
     empty_actions,
 )
 from jaxsocial.social.reactions import CrowdInfo, crowd_step
@@ -153,6 +153,12 @@ def reset(key: jax.Array, params: SocialParams, text: CrowdText | None = None,
             tokens=posts.tokens.at[:s].set(tokens), embedding=posts.embedding.at[:s].set(emb),
             next_id=jnp.int32(s))
         last_post = last_post.at[author].max(ids)
+        if p.feed_following > 0:  # each seed post's link to its author's previous one
+            sa, sid = jax.lax.sort((author, ids), num_keys=2)
+            prev = jnp.where(jnp.concatenate([jnp.zeros((1,), bool), sa[1:] == sa[:-1]]),
+                             jnp.concatenate([jnp.full((1,), EMPTY, jnp.int32), sid[:-1]]),
+                             EMPTY)
+            posts = posts.replace(prev_by_author=posts.prev_by_author.at[sid].set(prev))
     return state.replace(
         users=state.users.replace(persona=persona, interest=interest, activity=activity,
                                   num_followers=num_followers, num_following=num_following,
@@ -181,9 +187,8 @@ def step(key: jax.Array, state: SocialState, actions: ActionBatch | None, params
     if actions is None:
         actions = empty_actions(0, params)
     tick = state.tick
-    before = state
-    state, agent = apply_actions(state, actions, params)
-    state = recsys.update_profiles(before, state, actions, agent, params)
+    state, agent = apply_and_update(state, actions, params)
+    state = search.deliver(state, actions, agent, params)
     ids_after_agents = state.posts.id
     if params.crowd:
         state, crowd = crowd_step(key, state, params)
@@ -201,16 +206,50 @@ def step(key: jax.Array, state: SocialState, actions: ActionBatch | None, params
 
 def feed(key: jax.Array, state: SocialState, users: jax.Array, params: SocialParams
          ) -> recsys.Feed:
-    """Feeds `[B, K]` (ids, slots, valid, score) for `users [B]`; pure (nothing marked seen).
-    Token ids of the shown posts: `state.posts.tokens[feed.slots]` `[B, K, L]`."""
-    return recsys.recommend(key, state, users, params)
+    """Feeds `[B, K]` (ids, slots, valid, score) for `users [B]` (distinct); pure (nothing
+    marked seen, the inbox kept).  Token ids of the shown posts:
+    `state.posts.tokens[feed.slots]` `[B, K, L]`.
+
+    As OASIS composes a feed: the recommender's posts, with `feed_following > 0` the followees'
+    most-liked recent posts among them (`recsys.compose_following`); an LLM agent with pending
+    search / trend results (`state.inbox`) sees those instead."""
+    f = recsys.recommend(key, state, users, params)
+    if params.feed_following > 0:
+        f = recsys.compose_following(state, users, f, params)
+    return _inbox_feed(state, users, f, params)
+
+
+def _inbox_feed(state: SocialState, users: jax.Array, f: recsys.Feed, params: SocialParams
+                ) -> recsys.Feed:
+    """Rows of agents with pending results show the results (those still alive) instead."""
+    a = params.num_agents
+    if a == 0:
+        return f
+    is_agent = (users >= 0) & (users < a)
+    row = jnp.clip(users, 0, a - 1)
+    use = is_agent & state.inbox.pending[row]
+    ids = state.inbox.ids[row]
+    ok = state.posts.alive(ids)
+    ids = jnp.where(ok, ids, EMPTY)
+    u = use[:, None]
+    return recsys.Feed(ids=jnp.where(u, ids, f.ids),
+                       slots=jnp.where(u, jnp.where(ok, state.posts.slot(ids), 0), f.slots),
+                       valid=jnp.where(u, ok, f.valid),
+                       score=jnp.where(u, jnp.where(ok, 0.0, -jnp.inf), f.score))
 
 
 def observe(key: jax.Array, state: SocialState, users: jax.Array, params: SocialParams
             ) -> tuple[SocialState, recsys.Feed]:
-    """`feed` + mark the shown posts as seen (the agents' "refresh")."""
-    f = recsys.recommend(key, state, users, params)
-    return recsys.mark_seen(state, users, f, params), f
+    """`feed` + mark the shown posts as seen (the agents' "refresh") + clear the shown users'
+    pending search results."""
+    f = feed(key, state, users, params)
+    state = recsys.mark_seen(state, users, f, params)
+    a = params.num_agents
+    if a > 0:
+        row = jnp.where((users >= 0) & (users < a), users, a)
+        state = state.replace(inbox=state.inbox.replace(
+            pending=state.inbox.pending.at[row].set(False, mode="drop")))
+    return state, f
 
 
 def horizon_likes(state: SocialState, ids: jax.Array, params: SocialParams):

@@ -87,6 +87,18 @@ class SocialParams:
     twhin_candidates: int = _static(4000)
     exclude_own: bool = _static(True)
     seen_policy: str = _static("exclude")  # "exclude" | "downweight" | "none"
+    # --- the agents' feed as OASIS composes it (society.observe; the crowd's feeds are the
+    # recommender's alone)
+    # followees' most-liked recent posts per agent feed (OASIS: following_post_count = 3);
+    # 0 = the recommender's K posts only.  > 0 keeps each post's `prev_by_author` link.
+    feed_following: int = _static(0)
+    following_depth: int = _static(4)  # posts walked back per followee (its author chain)
+    following_window: int = _static(24)  # ticks: a followee's post is "recent" when younger
+    # comments shown per agent feed post (newest first; 0 = the prompt's `newest_comment`
+    # style); > 1 keeps each comment's `prev_comment` link
+    feed_comments: int = _static(0)
+    # trend action: the most-liked posts created in the last trend_window ticks
+    trend_window: int = _static(24)
     # --- crowd
     crowd: bool = _static(True)
     max_active: int = _static(256)  # capacity of the active-crowd batch per tick
@@ -145,6 +157,12 @@ class SocialParams:
             ("recency", self.recency, self.recency in ("exp", "oasis_clipped")),
             ("seen_policy", self.seen_policy,
              self.seen_policy in ("exclude", "downweight", "none")),
+            ("feed_following", self.feed_following,
+             0 <= self.feed_following <= self.feed_size),
+            ("following_depth", self.following_depth, self.following_depth >= 1),
+            ("following_window", self.following_window, self.following_window >= 1),
+            ("feed_comments", self.feed_comments, self.feed_comments >= 0),
+            ("trend_window", self.trend_window, self.trend_window >= 1),
             ("max_active", self.max_active, self.max_active >= 1),
             ("crowd_budget", self.crowd_budget,
              1 <= self.crowd_budget <= self.post_capacity),
@@ -201,6 +219,13 @@ class Posts:
     likes_h: jax.Array  # [P] int32 likes received while age < reward_horizon, then frozen
     last_comment: jax.Array  # [P] int32 global id of the newest comment on the post, or EMPTY
     #                          (may since have been evicted: check `alive`)
+    # Links, kept only when a feed needs them (else EMPTY): a post's comments newest first are
+    # last_comment, prev_comment[last_comment], ... (feed_comments > 1); an author's posts /
+    # reposts / quotes newest first are users.last_post, prev_by_author[last_post], ...
+    # (feed_following > 0).  Ids only decrease along a chain, so the first id that is not
+    # `alive` ends it (everything older was evicted too).
+    prev_comment: jax.Array  # [P] int32 the previous comment on the same post, or EMPTY
+    prev_by_author: jax.Array  # [P] int32 the author's previous post / repost / quote, or EMPTY
     next_id: jax.Array  # [] int32 id the next created post gets
 
     @property
@@ -229,12 +254,22 @@ class Memory:
 
 
 @struct.dataclass
+class Inbox:
+    """Results of the LLM agents' search_posts / search_user / trend actions, waiting to be their
+    next feed (`society.observe` shows them instead of the recommender's feed, then clears
+    them), as OASIS returns a search's result to the agent that searched."""
+    ids: jax.Array  # [A, K] int32 global post ids, EMPTY holes
+    pending: jax.Array  # [A] bool: agent a's next feed is ids[a]
+
+
+@struct.dataclass
 class SocialState:
     users: Users
     graph: Graph
     posts: Posts
     memory: Memory
     tick: jax.Array  # [] int32 simulation clock
+    inbox: Inbox  # [A, K]: pending search / trend results of the A = num_agents LLM agents
     # Optional `text_bank.CrowdText`: when set, seed and crowd posts / comments / quotes copy
     # tokens + embedding from its banks (chosen by interest); None = text-free society.
     text: object = None
@@ -261,14 +296,16 @@ def empty_state(params: SocialParams) -> SocialState:
         embedding=jnp.zeros((cap, d), jnp.float32), likes=zeros((cap,)),
         dislikes=zeros((cap,)), reposts=zeros((cap,)), quotes=zeros((cap,)),
         comments=zeros((cap,)), reports=zeros((cap,)), likes_h=zeros((cap,)),
-        last_comment=full((cap,)),
+        last_comment=full((cap,)), prev_comment=full((cap,)), prev_by_author=full((cap,)),
         next_id=jnp.zeros((), i32))
     memory = Memory(
         react_post=full((n, p.reaction_memory)),
         react_kind=jnp.zeros((n, p.reaction_memory), jnp.int8),
         seen=full((n, p.seen_memory)), seen_head=zeros((n,)))
+    inbox = Inbox(ids=full((p.num_agents, p.feed_size)),
+                  pending=jnp.zeros((p.num_agents,), bool))
     return SocialState(users=users, graph=graph, posts=posts, memory=memory,
-                       tick=jnp.zeros((), i32))
+                       tick=jnp.zeros((), i32), inbox=inbox)
 
 
 def normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:

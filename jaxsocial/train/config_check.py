@@ -19,6 +19,7 @@ import ml_collections
 
 from jaxsocial.rl.rewards import NORMALIZE_MODES
 from jaxsocial.social import society
+from jaxsocial.train import agent_actions
 
 # Keys that may differ between a run and its resumption. Everything else (model, agents,
 # society, rollout, reward, rl, code, seed, tokenizer) changes shapes or semantics.
@@ -153,6 +154,14 @@ def check(config: ml_collections.ConfigDict) -> None:
          f"(--config.model.checkpoint=/path/to/a Hugging Face Llama, Mistral, Qwen2 or Qwen3 "
          f"directory, or a Llama .gguf; for a CPU run without weights use "
          f"--config=configs/demo.py)")
+    if "agents" in config and "actions" in config.agents:
+        try:
+            comment_actions = agent_actions.needs_comments(config.agents.actions)
+            need(not comment_actions or num("society.feed_comments", 0) >= 1,
+                 f"agents.actions {list(comment_actions)} name a shown comment: set "
+                 f"society.feed_comments >= 1")
+        except ValueError as e:
+            problems.append(str(e))
     if not problems and "society" in config:
         try:
             society.make_params(**dict(config.society), num_agents=int(agents),

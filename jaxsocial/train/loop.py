@@ -171,9 +171,10 @@ class SocialRL:
             self.params.feed_size, self.params.content_len,
             names=[c.agents.names[i % len(c.agents.names)] for i in range(a)]
             if c.agents.names else None, newest_comment=bool(c.agents.newest_comment),
-            num_users=self.params.num_users)
+            num_users=self.params.num_users, feed_comments=self.params.feed_comments)
         self.vocab = agent_actions.ActionVocab.build(self.tokenizer, c.agents.actions,
-                                                     self.params.feed_size, self.stop_ids)
+                                                     self.params.feed_size, self.stop_ids,
+                                                     self.params.feed_comments)
         n_new = int(c.rollout.max_new_tokens)
         longest_prefix = int(np.max(np.asarray(self.vocab.prefix_len)))
         max_text = min(self.params.content_len, n_new - longest_prefix - 1)
@@ -402,15 +403,16 @@ class SocialRL:
                 agents = jnp.arange(a, dtype=jnp.int32)
             soc, feed = society.observe(k_feed, soc, agents, self.params)
             feed_authors = jnp.where(feed.valid, soc.posts.author[feed.slots], -1)
-            ids, mask = prompting.assemble(self.template, agents, prompting.feed_view(
-                soc.posts, feed.slots, feed.valid))
+            view = prompting.feed_view(soc.posts, feed.slots, feed.valid,
+                                       self.params.feed_comments or None)
+            ids, mask = prompting.assemble(self.template, agents, view)
             out = generate_from_state(graphdef, weights, ids, mask, k_gen,
                                                    self.sampling, grammar)
             parsed = agent_actions.parse(self.vocab, out.tokens, out.mask,
                                          self.params.content_len)
             emb = self._embed(ref_params, parsed.content)
             acts = agent_actions.to_actions(parsed, agents, feed.ids, feed.valid,
-                                            feed_authors, emb)
+                                            feed_authors, emb, view.comment_ids)
             before = soc
             soc, info = society.step(k_step, soc, acts, self.params)
             rec = self._record(before, soc)
