@@ -89,6 +89,10 @@ class LlamaConfig:
     # Rematerialise each decoder layer in the backward pass (full-sequence forwards only):
     # activation memory drops from all layers' intermediates to their inputs.
     remat: bool = False
+    # Queries per attention block (0 = all at once): a forward over T tokens then holds
+    # [B, heads, chunk, S] float32 scores instead of [B, heads, T, S] (long prefills and
+    # scoring passes). The same numbers: each query's softmax still spans every key.
+    attention_chunk: int = 0
     model_type: str = "llama"
     qkv_bias: bool = False
     o_bias: bool = False
@@ -354,9 +358,10 @@ class Attention(nnx.Module):
         y = x @ kernel[...].astype(dt)
         return y if bias is None else y + bias[...].astype(dt)
 
-    def __call__(self, x, positions, inv_freq, bias, kv_fn):
+    def __call__(self, x, positions, inv_freq, bias, kv_fn, chunk: int = 0):
         """x [B, T, H]; bias [B, T, S] additive mask; kv_fn stores new k/v and returns the
-        full keys/values [B, S, K, D] to attend to."""
+        full keys/values [B, S, K, D] to attend to; chunk: queries per attention block
+        (`LlamaConfig.attention_chunk`)."""
         b, t, _ = x.shape
         dt = x.dtype
         q = self._linear(x, self.q_proj, self.q_bias).reshape(b, t, self.n, self.d)
@@ -367,13 +372,31 @@ class Attention(nnx.Module):
         q = apply_rope(q, positions, inv_freq)
         k = apply_rope(k, positions, inv_freq)
         keys, values = kv_fn(k, v)
+        keys, values = keys.astype(dt), values.astype(dt)
         # GQA without repeating K/V: group the query heads under their kv head.
         q = q.reshape(b, t, self.k, self.n // self.k, self.d)
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, keys.astype(dt),
-                            preferred_element_type=jnp.float32) * (self.d ** -0.5)
-        scores = scores + bias[:, None, None, :, :]
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, values.astype(dt))
+
+        def attend(q, bias):  # q [B, C, K, G, D], bias [B, C, S] -> [B, C, K, G, D]
+            scores = jnp.einsum("btkgd,bskd->bkgts", q, keys,
+                                preferred_element_type=jnp.float32) * (self.d ** -0.5)
+            scores = scores + bias[:, None, None, :, :]
+            probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+            return jnp.einsum("bkgts,bskd->btkgd", probs, values)
+
+        c = int(chunk)
+        if 0 < c < t:
+            # Query blocks in a loop: one block's scores are live at a time. Padded query
+            # rows (bias 0: never an all-masked softmax) are dropped after.
+            n_blk = -(-t // c)
+            pad = n_blk * c - t
+            qp = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0), (0, 0)))
+            bp = jnp.pad(bias, ((0, 0), (0, pad), (0, 0)))
+            blocks = lambda x: jnp.moveaxis(  # noqa: E731
+                x.reshape((b, n_blk, c) + x.shape[2:]), 1, 0)
+            out = jax.lax.map(lambda a: attend(*a), (blocks(qp), blocks(bp)))
+            out = jnp.moveaxis(out, 0, 1).reshape((b, n_blk * c) + out.shape[3:])[:, :t]
+        else:
+            out = attend(q, bias)
         return self._linear(out.reshape(b, t, self.n * self.d), self.o_proj, self.o_bias)
 
 
@@ -400,8 +423,8 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x, positions, inv_freq, bias, kv_fn):
-        x = x + self.self_attn(self.input_layernorm(x), positions, inv_freq, bias, kv_fn)
+    def __call__(self, x, positions, inv_freq, bias, kv_fn, chunk: int = 0):
+        x = x + self.self_attn(self.input_layernorm(x), positions, inv_freq, bias, kv_fn, chunk)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -504,13 +527,13 @@ class Llama(nnx.Module):
         x = self.embed_tokens[...][input_ids].astype(dt)
         if cfg.remat and cache is None:
             def run_layer(layer, x, positions, bias):
-                return layer(x, positions, inv_freq, bias, kv_fns[0])
+                return layer(x, positions, inv_freq, bias, kv_fns[0], cfg.attention_chunk)
             run_layer = nnx.remat(run_layer)
             for layer, bias in zip(self.layers, layer_biases):
                 x = run_layer(layer, x, positions, bias)
         else:
             for layer, kv_fn, bias in zip(self.layers, kv_fns, layer_biases):
-                x = layer(x, positions, inv_freq, bias, kv_fn)
+                x = layer(x, positions, inv_freq, bias, kv_fn, cfg.attention_chunk)
         hidden = self.norm(x)
         if cache is not None:
             new_cache = KVCache(k=tuple(store["k"]), v=tuple(store["v"]), mask=slot_mask,

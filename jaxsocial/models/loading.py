@@ -58,14 +58,16 @@ def stop_token_ids(tokenizer, config: Optional[llama.LlamaConfig] = None) -> Tup
 
 def load(path_or_preset: str, dtype: Any = None, param_dtype: Any = None, *,
          tokenizer: Any = None, seed: int = 0,
-         remat: Optional[bool] = None) -> Tuple[llama.Llama, Any, Tuple[int, ...]]:
+         remat: Optional[bool] = None,
+         attention_chunk: Optional[int] = None) -> Tuple[llama.Llama, Any, Tuple[int, ...]]:
     """-> (model, tokenizer, stop_ids).
 
     path_or_preset: a checkpoint path (HF directory, `.gguf` file or a directory holding one)
     or a `llama.PRESETS` name (random init from `seed`). dtype / param_dtype: compute and
     storage dtypes (`checkpoint_hf.from_pretrained`'s defaults for a path; the preset's
     otherwise). tokenizer: a tokenizer object or a path to load one from (default: the
-    checkpoint's own; the tiny tokenizer for a preset). remat: override `config.remat`.
+    checkpoint's own; the tiny tokenizer for a preset). remat / attention_chunk: override
+    `config.remat` / `config.attention_chunk` (queries per attention block; 0 = all).
     Raises ValueError naming the value when it is neither, or when the tokenizer's vocabulary
     does not fit the model's embedding.
     """
@@ -82,12 +84,17 @@ def load(path_or_preset: str, dtype: Any = None, param_dtype: Any = None, *,
         # a path: from_pretrained names a missing or unreadable one in its error
         model = checkpoint_hf.from_pretrained(path_or_preset, dtype=dtype,
                                               param_dtype=param_dtype)
-        if remat is not None:
-            model.config = model.config.replace(remat=bool(remat))
         default_tokenizer = path_or_preset
     else:
         raise ValueError(f"{path_or_preset!r} is neither an existing checkpoint path nor a "
                          f"preset ({', '.join(sorted(llama.PRESETS))})")
+    if remat is not None:
+        model.config = model.config.replace(remat=bool(remat))
+    if attention_chunk is not None:
+        if int(attention_chunk) < 0:
+            raise ValueError(f"attention_chunk={attention_chunk} must be >= 0 (0 = all queries "
+                             f"at once)")
+        model.config = model.config.replace(attention_chunk=int(attention_chunk))
     tokenizer = resolve_tokenizer(tokenizer if tokenizer is not None else default_tokenizer,
                                   model.config)
     return model, tokenizer, stop_token_ids(tokenizer, model.config)

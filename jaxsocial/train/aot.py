@@ -105,7 +105,8 @@ def _abstract_weights(model_overrides: Optional[Dict[str, Any]] = None):
     def load(config):
         m = config.model
         cfg = llama.preset(m.preset, dtype=m.dtype, param_dtype=m.param_dtype,
-                           remat=bool(m.remat), **(model_overrides or {}))
+                           remat=bool(m.remat), attention_chunk=int(m.get("attention_chunk", 0)),
+                           **(model_overrides or {}))
         tokenizer = loading.resolve_tokenizer(config.tokenizer or None, cfg)
         model = nnx.eval_shape(lambda: llama.Llama(cfg, rngs=nnx.Rngs(0)))
         return model, tokenizer, loading.stop_token_ids(tokenizer, cfg)

@@ -26,7 +26,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.seed = 0
     c.model = ml_collections.ConfigDict(dict(
         preset="tiny", checkpoint="", require_checkpoint=False, dtype="float32",
-        param_dtype="float32", remat=False))  # remat: recompute layers in the backward pass
+        param_dtype="float32", remat=False,  # remat: recompute layers in the backward pass
+        attention_chunk=0))  # queries per attention block (0 = all): bounds [B, h, T, S]
     c.tokenizer = ""
     c.agents = ml_collections.ConfigDict(dict(
         num_agents=16,

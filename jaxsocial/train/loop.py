@@ -115,7 +115,7 @@ def _load(config):
     m = config.model  # model.require_checkpoint is checked by config_check
     return models.load(m.checkpoint or m.preset, dtype=m.dtype, param_dtype=m.param_dtype,
                        tokenizer=config.tokenizer or None, seed=int(config.seed),
-                       remat=bool(m.remat))
+                       remat=bool(m.remat), attention_chunk=int(m.get("attention_chunk", 0)))
 
 
 class _BindGrammar:
@@ -406,6 +406,9 @@ class SocialRL:
             view = prompting.feed_view(soc.posts, feed.slots, feed.valid,
                                        self.params.feed_comments or None)
             ids, mask = prompting.assemble(self.template, agents, view)
+            if self.mesh.size > 1:  # each device generates for its share of the agents
+                ids, mask = jax.lax.with_sharding_constraint(
+                    (ids, mask), sharding.tree_data_shardings((ids, mask), self.mesh))
             out = generate_from_state(graphdef, weights, ids, mask, k_gen,
                                                    self.sampling, grammar)
             parsed = agent_actions.parse(self.vocab, out.tokens, out.mask,
