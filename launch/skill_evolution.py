@@ -18,7 +18,7 @@ import time
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from jaxsocial import cli
@@ -93,8 +93,11 @@ def run(config, workdir: str) -> dict:
     runs = {}
     for name in config.deciders:
         p = params.replace(social=name != "solo")
-        runs[name] = [sk.run_population(llm, keys[s], p, name, train, cache, cfg,
-                                        ucb_kw=dict(config.ucb)) for s in range(config.num_seeds)]
+        runs[name] = []
+        for s in range(config.num_seeds):
+            runs[name].append(sk.run_population(llm, keys[s], p, name, train, cache, cfg,
+                                                ucb_kw=dict(config.ucb)))
+            logging.info("%s seed %d done (%.0f s since start)", name, s, time.time() - t0)
     rows = {}
     for name, rs in runs.items():
         per_seed = [sk.population_metrics(r, params) for r in rs]

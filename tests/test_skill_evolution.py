@@ -9,12 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import ROOT, load_config_file, load_launcher
 
 from jaxsocial.envs import ifbench as ib
 from jaxsocial.envs import skill_evolution as se
 from jaxsocial.envs import skill_llm as sk
-
-from conftest import ROOT, load_config_file, load_launcher
 
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "ifbench_sample.jsonl")
 

@@ -476,10 +476,11 @@ def run_population(llm: SkillLLM, key, params: se.EnvParams, decider: str,
             a_sum[i] += sc.prompt_loose
             a_cnt[i] += 1
             acted[i] = True
-            if not sc.prompt_loose:
-                failures.setdefault(int(dep[i]), []).insert(
-                    0, (train[int(pick[p])].prompt, ifbench.failed_instructions(
-                        train[int(pick[p])], sc)))
+            if not sc.prompt_loose:  # newest first, a few kept
+                fl = failures.setdefault(int(dep[i]), [])
+                fl.insert(0, (train[int(pick[p])].prompt,
+                              ifbench.failed_instructions(train[int(pick[p])], sc)))
+                del fl[cfg.max_failures:]
         obs, state, reward, info_a = se.act_jit(
             state, se.ActAction(jnp.asarray(a_tok), jnp.asarray(a_sum), jnp.asarray(a_cnt),
                                 jnp.asarray(acted)), params)
