@@ -46,7 +46,9 @@ def get_config(arg=None):
     r.max_skill_chars = 2000
     r.recent = 3
     r.heldout_seed = 1234
-    r.heldout_every = 1
+    r.heldout_every = 1  # held-out measured every k rounds (and after the last)
+    r.heldout_temperature = 0.0  # greedy held-out answers
+    r.heldout_batch = 32
     r.temperature = 0.7
     r.top_p = 1.0
     r.grammar = True
@@ -75,11 +77,13 @@ def get_config(arg=None):
 
         c.num_seeds = 2
         c.llm.checkpoint = zoo.smollm2_135m_instruct()
-        e.num_agents, e.num_rounds, e.budget = 3, 3, 1024
-        d.train_slice, d.heldout_slice = 20, 8
-        r.eval_batch, r.act_batch = 3, 2
-        r.max_answer_tokens, r.max_revise_tokens = 64, 96
+        e.num_agents, e.num_rounds, e.budget = 3, 3, 512
+        d.train_slice, d.heldout_slice = 20, 16
+        r.eval_batch, r.act_batch = 2, 2
+        r.max_answer_tokens, r.max_revise_tokens = 48, 64
         r.max_failures, r.failure_chars = 1, 200
+        r.heldout_every = 3  # before round 1 and after the last: the costly part on a CPU
+        r.prompt_bucket = 256
     else:
         raise ValueError(f"unknown skill_evolution config variant {arg!r}; "
                          "choose paper, smoke or smol")

@@ -16,9 +16,8 @@ over the agents):
    prompts for every agent and every decider with the same seed); each answer is capped at
    min(max_answer_tokens, remaining // act_batch);
 4. held-out: every agent's deployed skill is scored on the held-out prompts (not charged to any
-   budget: a measurement). A skill's held-out score depends only on its text (the generation key
-   is derived from `heldout_seed` and the text's crc32), so a copy scores as its original and the
-   cache is shared across deciders.
+   budget: a measurement), decoded greedily, so a skill's held-out score depends only on its
+   text: a copy scores as its original and the cache is shared across deciders and seeds.
 
 Per-row caps in one batched call: the batch generates up to the largest cap and each row is cut
 at its own cap (tokens beyond it are neither counted nor shown), the same text a call with that
@@ -28,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import zlib
 from typing import Sequence
 
 import jax
@@ -85,6 +83,8 @@ class RunConfig:
     recent: int = 3  # recent acting scores shown to the LLM decider
     heldout_seed: int = 1234
     heldout_every: int = 1  # held-out evaluation every k rounds (and always after the last)
+    heldout_temperature: float = 0.0  # greedy: a skill's held-out score depends on its text
+    heldout_batch: int = 32  # rows per held-out generation call
     temperature: float = 0.7
     top_p: float = 1.0
     grammar: bool = True  # constrain the LLM decision to the action grammar
@@ -94,14 +94,15 @@ class RunConfig:
     def validate(self) -> "RunConfig":
         for name in ("eval_batch", "act_batch", "max_answer_tokens", "max_revise_tokens",
                      "max_decide_tokens", "failure_chars", "max_skill_chars", "recent",
-                     "heldout_every"):
+                     "heldout_every", "heldout_batch"):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"run.{name} must be an integer >= 1, got {v!r}")
         if self.max_failures < 0:
             raise ValueError(f"run.max_failures must be >= 0, got {self.max_failures}")
-        if not 0.0 <= self.temperature:
-            raise ValueError(f"run.temperature must be >= 0, got {self.temperature}")
+        for name in ("temperature", "heldout_temperature"):
+            if not getattr(self, name) >= 0.0:
+                raise ValueError(f"run.{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"run.top_p must be in (0, 1], got {self.top_p}")
         return self
@@ -153,10 +154,13 @@ class SkillLLM:
             mask[b, length - len(r):] = 1
         return ids, mask
 
-    def complete(self, pairs: Sequence[tuple[str, str]], key, caps: Sequence[int], grammar=None):
+    def complete(self, pairs: Sequence[tuple[str, str]], key, caps: Sequence[int], grammar=None,
+                 limit: int = 0, temperature: float | None = None):
         """-> (texts [B], tokens [B] int32). Row b generates at most caps[b] tokens (stop token
-        included); rows with cap 0 are not generated (""/0). The batch is padded to a power of
-        two (padding rows repeat row 0 and are discarded) so few programs are compiled."""
+        included); rows with cap 0 are not generated (""/0). The call decodes `limit` tokens
+        (default: the largest cap; a fixed limit per kind of call keeps one compiled program
+        per kind) and cuts each row at its cap. The batch is padded to a power of two (padding
+        rows repeat row 0 and are discarded) so few programs are compiled."""
         caps = np.asarray(caps, np.int64)
         live = [b for b in range(len(pairs)) if caps[b] > 0]
         texts, toks = [""] * len(pairs), np.zeros(len(pairs), np.int32)
@@ -166,8 +170,9 @@ class SkillLLM:
         size = 1 << (len(rows) - 1).bit_length()
         rows = rows + [rows[0]] * (size - len(rows))
         c = self.config
-        cap = int(caps[live].max())
-        cfg = SamplingConfig(max_new_tokens=cap, temperature=c.temperature, top_p=c.top_p,
+        cap = max(int(caps[live].max()), int(limit))
+        temp = c.temperature if temperature is None else temperature
+        cfg = SamplingConfig(max_new_tokens=cap, temperature=temp, top_p=c.top_p,
                              stop_token_ids=self.stop_ids, prompt_bucket=c.prompt_bucket)
         ids, mask = self.encode(rows)
         out = generation.generate(self.model, jnp.asarray(ids), jnp.asarray(mask), key, cfg,
@@ -276,7 +281,15 @@ class Run:
 
 
 class HeldoutCache:
-    """Held-out scores by skill text: {text: {metric: mean over held-out prompts}}."""
+    """Held-out scores by skill text: {text: {metric: mean over the held-out prompts}}.
+
+    Held-out answers are decoded greedily (`heldout_temperature`, default 0), so a skill's score
+    is a function of its text: a copy scores as its original and the cache is shared by every
+    decider and seed of a run. All uncached texts are answered in batched calls of at most
+    `heldout_batch` rows. Tokens spent here are a measurement, charged to no agent.
+    """
+
+    METRICS = ("prompt_strict", "prompt_loose", "instr_strict", "instr_loose")
 
     def __init__(self, llm: SkillLLM, examples: Sequence[ifbench.Example], cfg: RunConfig):
         self.llm, self.examples, self.cfg = llm, list(examples), cfg
@@ -285,20 +298,21 @@ class HeldoutCache:
 
     def score(self, texts: Sequence[str]) -> list[dict]:
         todo = [t for t in dict.fromkeys(texts) if t not in self.scores]
-        if todo:
-            pairs = [(t, ex.prompt) for t in todo for ex in self.examples]
-            # one key per skill text: the same text always gets the same answers
-            keys = [jax.random.fold_in(jax.random.key(self.cfg.heldout_seed),
-                                       zlib.crc32(t.encode()) & 0x7FFFFFFF) for t in todo]
-            for k, t in enumerate(todo):
-                rows = pairs[k * len(self.examples):(k + 1) * len(self.examples)]
-                out, tok = self.llm.complete(rows, keys[k],
-                                             [self.cfg.max_answer_tokens] * len(rows))
-                self.tokens += int(tok.sum())
-                sc = [ifbench.check(ex, o) for ex, o in zip(self.examples, out)]
-                self.scores[t] = {m: float(np.mean([getattr(s, m) for s in sc]))
-                                  for m in ("prompt_strict", "prompt_loose", "instr_strict",
-                                            "instr_loose")}
+        rows = [(t, ex) for t in todo for ex in self.examples]
+        per = {t: [] for t in todo}
+        cap = self.cfg.max_answer_tokens
+        key = jax.random.key(self.cfg.heldout_seed)
+        for lo in range(0, len(rows), self.cfg.heldout_batch):
+            chunk = rows[lo:lo + self.cfg.heldout_batch]
+            out, tok = self.llm.complete([(t, ex.prompt) for t, ex in chunk],
+                                         jax.random.fold_in(key, lo), [cap] * len(chunk),
+                                         limit=cap, temperature=self.cfg.heldout_temperature)
+            self.tokens += int(tok.sum())
+            for (t, ex), o in zip(chunk, out):
+                per[t].append(ifbench.check(ex, o))
+        for t in todo:
+            self.scores[t] = {m: float(np.mean([getattr(s, m) for s in per[t]]))
+                              for m in self.METRICS}
         return [self.scores[t] for t in texts]
 
 
@@ -396,7 +410,7 @@ def run_population(llm: SkillLLM, key, params: se.EnvParams, decider: str,
                 failures.get(int(dep[i]), [])[:cfg.max_failures], cfg.failure_chars))
                 for i in revising]
             caps = [min(cfg.max_revise_tokens, int(left[i])) for i in revising]
-            outs, tok = llm.complete(prompts, ks[1], caps)
+            outs, tok = llm.complete(prompts, ks[1], caps, limit=cfg.max_revise_tokens)
             picks = np.asarray(jax.vmap(lambda k: jax.random.permutation(k, ntr)[:cfg.eval_batch])(
                 jax.random.split(ks[2], n)))
             eval_rows, eval_caps, owners = [], [], []
@@ -415,7 +429,8 @@ def run_population(llm: SkillLLM, key, params: se.EnvParams, decider: str,
                     eval_caps.append(cap)
                     owners.append((i, int(p)))
             if eval_rows:
-                outs_e, tok_e = llm.complete(eval_rows, ks[3], eval_caps)
+                outs_e, tok_e = llm.complete(eval_rows, ks[3], eval_caps,
+                                             limit=cfg.max_answer_tokens)
                 fails = {i: [] for i in new_text}
                 for (i, p), o, tk in zip(owners, outs_e, tok_e):
                     sc = ifbench.check(train[p], o)
@@ -462,7 +477,7 @@ def run_population(llm: SkillLLM, key, params: se.EnvParams, decider: str,
             for p in pick:
                 rows.append((texts[dep[i]], train[int(p)].prompt))
                 caps.append(cap)
-        outs_a, tok_a = llm.complete(rows, ks[5], caps)
+        outs_a, tok_a = llm.complete(rows, ks[5], caps, limit=cfg.max_answer_tokens)
         a_tok = np.zeros(n, np.int32)
         a_sum = np.zeros(n, np.float32)
         a_cnt = np.zeros(n, np.float32)
