@@ -108,7 +108,7 @@ class RefEnv:
         return self.ssum[s] / max(self.scnt[s], 1.0)
 
     def best(self, i):
-        return max(self.lib[i], key=lambda s: (self.mean(s), s))
+        return max(self.lib[i], key=lambda s: (self.mean(s), -s))
 
     def learn(self, kind, target, d, rtok, rok, esum, ecnt):
         latest0 = list(self.latest)
@@ -226,11 +226,11 @@ def test_copy_then_revise_lineage_by_hand():
     assert s.parent[6] == 3 and s.parent[7] == 4
     assert not bool(s.copy_then_revise[6]) and bool(s.copy_then_revise[7])
     lin = se.lineage(s)
-    # deployed: agent 0 -> 6 (founder 0), agent 1 -> 7 (founder 0, c->r), agent 2 -> 5 (copy of
-    # seed 1, unscored 0.0; ties go to the newest)
-    assert np.asarray(s.deployed).tolist() == [6, 7, 5]
+    # deployed: agent 0 -> 6 (founder 0), agent 1 -> 7 (founder 0, c->r), agent 2 keeps its seed
+    # 2 (its copy 5 of seed 1 is unscored too: ties go to the oldest)
+    assert np.asarray(s.deployed).tolist() == [6, 7, 2]
     assert lin == {"copy_then_revise_share": pytest.approx(1 / 3),
-                   "via_copy_share": pytest.approx(2 / 3), "founding_lineages": 2}
+                   "via_copy_share": pytest.approx(1 / 3), "founding_lineages": 2}
 
 
 # ----------------------------------------------------------------------------- deciders
@@ -282,7 +282,8 @@ def test_decision_parser_and_prompts():
     for s in ("agent 1 of 3", "Round 1 of 4", "Tokens left this round: 900", "0.25",
               "agent 0: 0.75; 1.00", "agent 2: not scored yet; none yet", "LEARN: observe"):
         assert s in text, s
-    assert "observe" not in sk.render_decide_prompt(0, 3, 0, 4, 9, 0.0, [], (), False)
+    solo = sk.render_decide_prompt(0, 3, 0, 4, 9, None, [], (), False)
+    assert "observe" not in solo and "training score: not scored yet" in solo
     r = sk.render_revise_prompt("Be brief.", 0.5, [("x" * 50, ["format:list"])], 10)
     assert "Be brief." in r and "x" * 10 + "..." in r and "broken: format:list" in r
     assert sk.clean_skill("  Skill: Obey.  ", 100) == "Obey."

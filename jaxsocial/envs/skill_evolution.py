@@ -10,7 +10,8 @@ first takes one learning action, then acts:
 - OBSERVE j (social populations only): copy peer j's *latest* skill and its score, as they were
   at the start of the round (a frozen snapshot, so the order of agents does not matter);
 - SKIP.
-Then it ACTS: its deployed skill (the best-scoring skill of its library; ties -> newest)
+Then it ACTS: its deployed skill (the best-scoring skill of its library; ties -> the oldest,
+so a new skill replaces the deployed one only by scoring strictly higher; unscored = 0)
 answers the round's `act_batch` training prompts; the mean score is the round's reward and
 updates that skill's estimate. Learning and acting draw on one per-round token budget
 (`budget`, expiring each round; `reserve` tokens are kept for acting): a decision whose tokens
@@ -99,7 +100,7 @@ class EnvState:
     # agents [N]
     held: jax.Array  # [N, S] bool the agent's library
     latest: jax.Array  # [N] int32 skill acquired most recently (what a peer copies)
-    deployed: jax.Array  # [N] int32 best-scoring skill of the library (ties -> newest)
+    deployed: jax.Array  # [N] int32 best-scoring skill of the library (ties -> oldest)
     learn_tokens: jax.Array  # [N] int32 cumulative learning tokens
     act_tokens: jax.Array  # [N] int32 cumulative acting tokens
 
@@ -163,11 +164,10 @@ def skill_means(state: EnvState) -> jax.Array:
 
 
 def _deployed(state: EnvState) -> jax.Array:
-    """[N] best-scoring held skill, ties -> the newest (highest id)."""
-    s = state.parent.shape[0]
+    """[N] best-scoring held skill, ties -> the oldest (lowest id): elitist, a child or a copy
+    must score strictly higher to be deployed."""
     m = jnp.where(state.held, skill_means(state)[None, :], -jnp.inf)  # [N, S]
-    rev = m[:, ::-1]  # first maximum of the reversed row = newest maximum
-    return (s - 1 - argmax_last(rev)).astype(jnp.int32)
+    return argmax_last(m).astype(jnp.int32)
 
 
 def observe(state: EnvState) -> Observation:

@@ -203,16 +203,17 @@ class SkillLLM:
 
 # ----------------------------------------------------------------------------- prompts
 def render_decide_prompt(agent: int, num_agents: int, t: int, num_rounds: int, remaining: int,
-                         own: float, own_recent: Sequence[float], peers: Sequence[tuple],
+                         own: float | None, own_recent: Sequence[float], peers: Sequence[tuple],
                          social: bool) -> str:
-    """User message of the LLM decision. peers: ((j, latest skill score or None, recent acting
-    scores), ...)."""
+    """User message of the LLM decision. own: the deployed skill's training score (None: not
+    scored yet); peers: ((j, latest skill score or None, recent acting scores), ...)."""
     def rec(xs):
         return ", ".join(f"{x:.2f}" for x in xs) if len(xs) else "none yet"
     lines = [f"You are agent {agent} of {num_agents}. Round {t + 1} of {num_rounds}. "
              f"Tokens left this round: {remaining}.",
-             f"Your skill's training score: {own:.2f}. Your recent task scores: "
-             f"{rec(own_recent)}."]
+             "Your skill's training score: " + ("not scored yet" if own is None else
+                                                f"{own:.2f}")
+             + f". Your recent task scores: {rec(own_recent)}."]
     opts = "LEARN: revise | LEARN: skip"
     if social:
         lines.append("Other agents (latest skill score; recent task scores):")
@@ -382,7 +383,8 @@ def run_population(llm: SkillLLM, key, params: se.EnvParams, decider: str,
                 peers = tuple((j, float(means[latest[j]]) if cnt[latest[j]] else None,
                                recent[j][-cfg.recent:]) for j in range(n) if j != i)
                 prompts.append((DECIDE_SYSTEM, render_decide_prompt(
-                    i, n, t, T, int(remaining[i]), float(means[dep[i]]),
+                    i, n, t, T, int(remaining[i]),
+                    float(means[dep[i]]) if cnt[dep[i]] else None,
                     recent[i][-cfg.recent:], peers, params.social)))
             outs, decide_tok = llm.complete(prompts, ks[0], [cfg.max_decide_tokens] * n,
                                             llm.decide_grammar(n, params.social))
