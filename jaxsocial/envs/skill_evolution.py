@@ -40,7 +40,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxsocial.envs import metrics as slm
 from jaxsocial.envs.social_learning import FAST_COMPILE, argmax_last, choice_from_uniform
 
 SKIP, REVISE, OBSERVE = 0, 1, 2
@@ -410,11 +409,3 @@ def lineage(state: EnvState) -> dict:
     founders = np.asarray(state.founder)[dep]
     return {"copy_then_revise_share": float(ctr.mean()), "via_copy_share": float(via.mean()),
             "founding_lineages": int(len(set(founders.tolist())))}
-
-
-def accuracy_at_tokens(tokens: np.ndarray, acc: np.ndarray, c_star: float) -> float:
-    """Held-out accuracy at cumulative population tokens C*: `metrics.reward_at_cost` on the
-    curve (tokens [E], acc [E]) with the origin (0 tokens, acc[0]) prepended."""
-    cost = np.concatenate([[0.0], np.asarray(tokens, np.float64)])
-    return slm.reward_at_cost(cost, np.concatenate([[acc[0]], np.asarray(acc, np.float64)]),
-                              c_star)

@@ -317,11 +317,6 @@ class HeldoutCache:
         return [self.scores[t] for t in texts]
 
 
-def _score_answers(examples, outs):
-    scores = [ifbench.check(ex, o) for ex, o in zip(examples, outs)]
-    return scores, float(sum(s.prompt_loose for s in scores)), float(len(scores))
-
-
 def run_population(llm: SkillLLM, key, params: se.EnvParams, decider: str,
                    train: Sequence[ifbench.Example], heldout: HeldoutCache, cfg: RunConfig,
                    seed_skills: Sequence[str] = SEED_SKILLS, ucb_kw: dict | None = None,
