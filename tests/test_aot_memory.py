@@ -83,6 +83,13 @@ def test_general_py_abstract_run_estimates_the_whole_epochs_rows():
     assert all_rows.programs["score"] > 10 * run.memory_estimate().programs["score"]
     # The rollout generates B rows per tick either way (only its [T, B] outputs grow).
     assert full.programs["rollout"] == pytest.approx(few.programs["rollout"], rel=0.01)
+    # Query-blocked attention (model.attention_chunk=256): without it, every layer's prefill
+    # scores [96, heads, 1472, S] are counted (XLA: 1718 vs 52 GiB per device on (1, 8, 1)).
+    assert run.model_config.attention_chunk == 256
+    run.model_config = run.model_config.replace(num_hidden_layers=32)  # the 8B's depth
+    chunked = run.memory_estimate().programs["rollout"]
+    run.model_config = run.model_config.replace(attention_chunk=0)
+    assert run.memory_estimate().programs["rollout"] > 10 * chunked
 
 
 def test_the_one_program_epoch_compiles_abstractly_and_donates_its_state():

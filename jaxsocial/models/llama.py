@@ -393,7 +393,10 @@ class Attention(nnx.Module):
             bp = jnp.pad(bias, ((0, 0), (0, pad), (0, 0)))
             blocks = lambda x: jnp.moveaxis(  # noqa: E731
                 x.reshape((b, n_blk, c) + x.shape[2:]), 1, 0)
-            out = jax.lax.map(lambda a: attend(*a), (blocks(qp), blocks(bp)))
+            # Checkpointed: the backward recomputes a block's scores instead of the loop
+            # saving every block's probabilities (which would be [B, heads, T, S] again).
+            blk = jax.checkpoint(attend)
+            out = jax.lax.map(lambda a: blk(*a), (blocks(qp), blocks(bp)))
             out = jnp.moveaxis(out, 0, 1).reshape((b, n_blk * c) + out.shape[3:])[:, :t]
         else:
             out = attend(q, bias)

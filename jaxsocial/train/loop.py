@@ -307,7 +307,8 @@ class SocialRL:
             train_micro_batch=micro, lora_rank=int(c.rl.lora_rank),
             remat=self.model_config.remat, trajectories=rows, minibatch_rows=minibatch,
             score_micro_batch=int(getattr(self.rl_config, "micro_batch", 0) or 0),
-            score_sharded=True)
+            score_sharded=True, attention_chunk=int(self.model_config.attention_chunk),
+            donate=bool(getattr(self, "fused", False)))
 
     def _check_memory(self, c) -> None:
         """Warn before a run that cannot fit (when the backend reports device memory)."""

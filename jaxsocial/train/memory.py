@@ -118,7 +118,7 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
              logits_chunk_bytes: int = 64 * 2 ** 20, rollout_sharded: bool = False,
              score_sharded: bool = False, update_sharded: bool = False,
              minibatch_rows: Optional[int] = None,
-             score_micro_batch: int = 0) -> MemoryEstimate:
+             score_micro_batch: int = 0, attention_chunk: int = 0) -> MemoryEstimate:
     """Per-device bytes of the epoch's three programs (rollout, scoring, PPO update).
 
     batch: prompts generated at once (global, the acting agents); trajectories: rows scored
@@ -135,6 +135,8 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     measured, each device computes the whole micro-batch); minibatch_rows: rows per optimizer
     step (global, default train_micro_batch); score_micro_batch > 0: the scoring pass runs
     that many rows at a time (`policy.score_batch` with `micro_batch`), 0: all at once.
+    attention_chunk > 0: attention runs in query blocks of that many (`LlamaConfig`), so one
+    block's [rows, heads, chunk, S] scores are live instead of every layer's [rows, heads, T, S].
 
     Model (checked against XLA's memory_analysis of the compiled programs by
     tests/test_aot_memory.py): run state = policy + reference + optimizer; the rollout adds
@@ -181,7 +183,12 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     # layer's (measured by benchmarks/aot_memory.py) (+ LoRA's merged weights).
     b_r = math.ceil(batch / data) if rollout_sharded else batch
     kv_cache = 2 * L * b_r * seq * kv_l * hd * cbytes
-    prefill = L * 2 * b_r * heads_l * prompt_len * seq * 4
+    if 0 < attention_chunk < prompt_len:
+        # One query block live at a time (a loop), measured at ~7 float32 block-sized
+        # temporaries (8B on (1, 8, 1), chunk 256: 31.7 GiB at 1 layer; one calibration point).
+        prefill = 7 * b_r * heads_l * attention_chunk * seq * 4
+    else:
+        prefill = L * 2 * b_r * heads_l * prompt_len * seq * 4
     traj_row = prompt_len * 5 + response_len * 9  # ids + mask, tokens + logprobs + mask
     rollout_out = rows * traj_row
     rollout = state + kv_cache + merged + prefill + rollout_out
@@ -193,7 +200,8 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     at_once = min(rows, int(score_micro_batch)) if score_micro_batch else rows
     b_s = math.ceil(at_once / data) if score_sharded else at_once
     f = mesh["fsdp"] if h % mesh["fsdp"] == 0 else 1
-    layer_tmp = 4 * b_s * heads_l * seq * seq * 4 + L * 2 * b_s * seq * h * cbytes // f
+    q_rows = attention_chunk if 0 < attention_chunk < seq else seq
+    layer_tmp = 4 * b_s * heads_l * q_rows * seq * 4 + L * 2 * b_s * seq * h * cbytes // f
     logits_blk = min(logits_chunk_bytes, b_s * response_len * cfg.vocab_size * 4)
     batch_bytes = rows * (seq * 5 + response_len * 16)
     # The optimizer state is not an input of scoring (jit drops unused arguments).
@@ -221,7 +229,13 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     else:
         mb_d, minibatch_d = math.ceil(mb / data), math.ceil(minibatch / data)
     scores_t = heads_l * seq * seq * 4  # one float32 attention-score row [heads, S, S]
-    if remat:
+    if remat and 0 < attention_chunk < seq:
+        # Checkpointed query blocks: no layer keeps its scores; measured (8B on (1, 8, 1),
+        # chunk 256, micro-batch 8): ~2 GiB per layer, about 5x one layer's full (gathered)
+        # weights: weights and gradients of the layer in flight (one calibration point).
+        layer_full = (n_local * mesh["fsdp"] - 2 * cfg.vocab_size * h) // max(L, 1) * pbytes
+        act = L * 5 * layer_full + 3 * mb_d * heads_l * attention_chunk * seq * 4
+    elif remat:
         act = (L * (1.16 * mb_d * scores_t + minibatch_d * seq * h * cbytes)
                + 2.7 * mb_d * scores_t)
     else:
