@@ -121,3 +121,34 @@ def test_remat_same_gradients_fewer_saved_residuals():
         np.testing.assert_allclose(a, b, atol=1e-6)
     # Remat keeps each layer's input instead of every intermediate (23.5 MB -> ~2 MB here).
     assert s1 < 0.2 * s0, (s0, s1)
+
+
+def test_society_ticks_sharded_along_users_equal_one_device():
+    """With a data axis > 1 the society's per-user arrays are split along the `agents` rule;
+    crowd ticks on 8 fake devices give the same state as on one."""
+    import functools
+
+    from jaxsocial.social import society
+
+    params = society.make_params(num_users=512, num_agents=8, num_personas=4, embed_dim=16,
+                                 post_capacity=512, content_len=8, num_seed_posts=64,
+                                 feed_size=4, pool_size=64, max_active=64, crowd_budget=128)
+    state = society.reset(jax.random.key(0), params)
+    step = jax.jit(functools.partial(society.step, actions=None, params=params))
+    mesh = sharding.make_mesh((2, 2, 2))
+    sh = sharding.society_shardings(state, mesh)
+    assert sh.users.interest.spec[0] == ("data", "fsdp")  # split, not replicated
+    assert sh.posts.likes.spec == jax.sharding.PartitionSpec()
+    assert sharding.society_shardings(state, sharding.make_mesh((1, 8, 1))).users.interest \
+        .spec == jax.sharding.PartitionSpec()  # no data axis: replicated
+    one, eight = state, jax.device_put(state, sh)
+    for k in jax.random.split(jax.random.key(1), 3):
+        one, _ = step(k, one)
+        eight, _ = step(k, eight)
+    assert eight.users.interest.sharding.spec[0] == ("data", "fsdp")
+    assert int(one.posts.likes.sum()) > 0  # the crowd did something
+    a, b = jax.device_get(one), jax.device_get(eight)
+    for path, x in jax.tree_util.tree_flatten_with_path(a)[0]:
+        y = jax.tree_util.tree_flatten_with_path(b)[0]
+        np.testing.assert_allclose(np.asarray(dict(y)[path]), np.asarray(x), atol=1e-6,
+                                   err_msg=jax.tree_util.keystr(path))

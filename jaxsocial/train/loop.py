@@ -349,7 +349,7 @@ class SocialRL:
         rep = sharding.replicated(mesh)
         return RunState(train=sharding.weights_like_shardings(state.train, self._weight_sh,
                                                               mesh),
-                        society=jax.tree.map(lambda _: rep, state.society),
+                        society=sharding.society_shardings(state.society, mesh),
                         key=rep, epoch=rep)
 
     # ------------------------------------------------------------------------------------------

@@ -163,6 +163,20 @@ def tree_data_shardings(tree: Any, mesh: Mesh, logical: str = "batch") -> Any:
     return jax.tree.map(one, tree)
 
 
+def society_shardings(soc: Any, mesh: Mesh) -> Any:
+    """Shardings of a SocialState: when the mesh's data axis is > 1, every per-user array
+    (users, follow graph, mutes, reaction and seen records: leading dim N) is split along the
+    `agents` rule where its axes divide N; posts, the agents' inbox, the clock and the text
+    banks stay replicated (every user's feed reads any post)."""
+    rep = replicated(mesh)
+    if mesh.shape["data"] <= 1:
+        return jax.tree.map(lambda _: rep, soc)
+    per_user = lambda t: tree_data_shardings(t, mesh, "agents")  # noqa: E731
+    out = jax.tree.map(lambda _: rep, soc)
+    return out.replace(users=per_user(soc.users), graph=per_user(soc.graph),
+                       memory=per_user(soc.memory))
+
+
 def maybe_initialize_distributed(enabled: Optional[bool] = None, **kwargs) -> bool:
     """Call `jax.distributed.initialize()` when asked or when the environment says so.
 
