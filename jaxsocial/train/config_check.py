@@ -125,8 +125,8 @@ def check(config: ml_collections.ConfigDict) -> None:
     need(not (mode == "running" and algo == "grpo"), "reward.normalize='running' is done by "
          "the PPO update (rl.algo='ppo'); GRPO already normalises within each group")
     amode = _get(config, "agents.action_mode", "constrained")
-    need(amode in ("constrained", "free"),
-         f"agents.action_mode={amode!r}; choose 'constrained' or 'free'")
+    need(amode in ("constrained", "free", "tool_call"),
+         f"agents.action_mode={amode!r}; choose 'constrained', 'free' or 'tool_call'")
     agents = num("agents.num_agents", 1)
     need(agents >= 1, f"agents.num_agents={int(agents)} must be >= 1")
     active = num("agents.active_per_tick", 0)

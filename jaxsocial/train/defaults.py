@@ -44,7 +44,10 @@ def base_config() -> ml_collections.ConfigDict:
         newest_comment=True,      # feed posts show their newest comment (longer prompts)
         instruction=INSTRUCTION,
         footer=FOOTER,
-        action_mode="constrained",  # "constrained" (grammar) | "free" (parse, count failures)
+        # "constrained" (grammar) | "free" (parse, count failures) | "tool_call" (an OASIS-style
+        # JSON function call, parsed leniently; failures counted by kind)
+        action_mode="constrained",
+        tool_instruction="",      # tool_call: the prompt's instruction; "" = listing the tools
         actions=("post", "comment", "like", "repost", "follow", "nothing"),
     ))
     # Passed to jaxsocial.social.state.SocialParams (num_agents is set from agents.num_agents).

@@ -72,6 +72,7 @@ class Rollout:
     mask: Array             # [T, B, N] bool
     action_type: Array      # [T, B] int32 parsed ActionType (MALFORMED if unparsable)
     parsed: Array           # [T, B] bool
+    failure: Array          # [T, B] int32 agent_actions.FAIL_* (tool_call: by kind; else 0 / 1)
     reason: Array           # [T, B] int32 society Reason for the applied action
     created_id: Array       # [T, B] int32 post id created by the action, -1 if none
     target: Array           # [T, B] int32 target post / user id of the action, -1 if none
@@ -94,6 +95,7 @@ class EpochView:
     agent: Array           # [T, B] int32
     action_type: Array     # [T, B] int32
     parsed: Array          # [T, B] bool
+    failure: Array         # [T, B] int32 agent_actions.FAIL_*
     reason: Array          # [T, B] int32
     created: Array         # [T, B] bool the action created a post / comment
     score: Array           # [T, B] float32 trajectory score
@@ -141,9 +143,10 @@ class SocialRL:
         c = config
         if c.rl.algo not in ("ppo", "grpo"):
             raise ValueError(f"rl.algo={c.rl.algo!r}; choose 'ppo' or 'grpo'")
-        if c.agents.action_mode not in ("constrained", "free"):
+        if c.agents.action_mode not in ("constrained", "free", "tool_call"):
             raise ValueError(f"agents.action_mode={c.agents.action_mode!r}; choose "
-                             f"'constrained' or 'free'")
+                             f"'constrained', 'free' or 'tool_call'")
+        self.tool_call = c.agents.action_mode == "tool_call"
         self.mesh = mesh if mesh is not None else sharding.make_mesh(tuple(c.mesh.shape))
         model, self.tokenizer, self.stop_ids = _load(c)
         self.model_config = model.config
@@ -166,8 +169,12 @@ class SocialRL:
         if self.params.num_users < a:
             raise ValueError(f"society.num_users={self.params.num_users} < agents.num_agents={a}")
         personas = [c.agents.personas[i % len(c.agents.personas)] for i in range(a)]
+        instruction = c.agents.instruction
+        if self.tool_call:  # the tools and their arguments (agents.tool_instruction: own text)
+            instruction = (c.agents.get("tool_instruction", "") or agent_actions.tool_instruction(
+                c.agents.actions, self.params.feed_size))
         self.template = prompting.PromptTemplate.build(
-            self.tokenizer, personas, c.agents.instruction, c.agents.footer,
+            self.tokenizer, personas, instruction, c.agents.footer,
             self.params.feed_size, self.params.content_len,
             names=[c.agents.names[i % len(c.agents.names)] for i in range(a)]
             if c.agents.names else None, newest_comment=bool(c.agents.newest_comment),
@@ -175,6 +182,9 @@ class SocialRL:
         self.vocab = agent_actions.ActionVocab.build(self.tokenizer, c.agents.actions,
                                                      self.params.feed_size, self.stop_ids,
                                                      self.params.feed_comments)
+        self.tools = (agent_actions.ToolVocab.build(
+            self.tokenizer, c.agents.actions, self.params.feed_size, model.config.vocab_size,
+            self.params.feed_comments) if self.tool_call else None)
         n_new = int(c.rollout.max_new_tokens)
         longest_prefix = int(np.max(np.asarray(self.vocab.prefix_len)))
         max_text = min(self.params.content_len, n_new - longest_prefix - 1)
@@ -412,8 +422,14 @@ class SocialRL:
                     (ids, mask), sharding.tree_data_shardings((ids, mask), self.mesh))
             out = generate_from_state(graphdef, weights, ids, mask, k_gen,
                                                    self.sampling, grammar)
-            parsed = agent_actions.parse(self.vocab, out.tokens, out.mask,
-                                         self.params.content_len)
+            if self.tool_call:
+                parsed, failure = agent_actions.parse_tool_call(
+                    self.tools, out.tokens, out.mask, self.params.content_len)
+            else:
+                parsed = agent_actions.parse(self.vocab, out.tokens, out.mask,
+                                             self.params.content_len)
+                failure = jnp.where(parsed.parsed, agent_actions.FAIL_OK,
+                                    agent_actions.FAIL_NO_JSON).astype(jnp.int32)
             emb = self._embed(ref_params, parsed.content)
             acts = agent_actions.to_actions(parsed, agents, feed.ids, feed.valid,
                                             feed_authors, emb, view.comment_ids)
@@ -422,7 +438,7 @@ class SocialRL:
             rec = self._record(before, soc)
             ys = dict(agent=agents, prompt_ids=ids, prompt_mask=mask, tokens=out.tokens,
                       logprobs=out.logprobs, mask=out.mask, action_type=parsed.type,
-                      parsed=parsed.parsed, reason=info.agent.reason,
+                      parsed=parsed.parsed, failure=failure, reason=info.agent.reason,
                       created_id=info.agent.created_id, tick=info.tick, target=acts.target,
                       embedding=emb,
                       target_author=jnp.where(parsed.feed_pos >= 0, jnp.take_along_axis(
@@ -602,7 +618,8 @@ class SocialRL:
         keep = (idx >= 0)[:, None]
         flat = lambda x: x.reshape((t * b,) + x.shape[2:])[safe]  # noqa: E731
         return EpochView(
-            agent=ro.agent, action_type=ro.action_type, parsed=ro.parsed, reason=ro.reason,
+            agent=ro.agent, action_type=ro.action_type, parsed=ro.parsed, failure=ro.failure,
+            reason=ro.reason,
             created=created, score=score, engagement=eng.astype(jnp.float32),
             tokens=jnp.sum(ro.mask).astype(jnp.float32), crowd_posts=jnp.sum(ro.crowd_posts),
             post_index=idx.astype(jnp.int32), post_tokens=jnp.where(keep, flat(ro.tokens), 0),
@@ -633,6 +650,10 @@ class SocialRL:
                                          & (types != int(ActionType.DO_NOTHING))).sum()),
             "created_total": int(created.sum()),
             "parse_failures": int((~parsed).sum()),
+            # tool_call mode: no JSON / unknown action / bad argument
+            **({"parse_failures_by_kind": {k: int((np.asarray(v.failure) == i).sum()) for i, k
+                                           in enumerate(agent_actions.FAILURE_KINDS) if i}}
+               if self.tool_call else {}),
             "invalid_actions": int(((reason != 0) & parsed).sum()),
             "reward_mean": float(sc.mean()),
             "reward_std": float(sc.std()),
@@ -659,7 +680,14 @@ class SocialRL:
         # "quote <n>:" cut) and the 3 most-liked posts (ties: earliest first) for summary.md.
         toks, tmask = np.asarray(v.post_tokens)[kept], np.asarray(v.post_mask)[kept]
         texts = [self.tokenizer.decode(toks[i][tmask[i]], skip_special_tokens=True)
-                 .split(":", 1)[-1].strip() for i in range(len(idx))]
+                 for i in range(len(idx))]
+        if self.tool_call:  # the call's text argument (the host-side reference parser)
+            c = self.config
+            texts = [agent_actions.parse_tool_call_text(
+                t, c.agents.actions, self.params.feed_size, self.params.feed_comments)[3] or ""
+                for t in texts]
+        else:
+            texts = [t.split(":", 1)[-1].strip() for t in texts]
         authors = [int(a) for a in np.asarray(v.agent).reshape(-1)[idx]]
         post_likes = eng[..., 0].reshape(-1)[idx]
         m["drift"] = report.text_drift(texts, authors)
