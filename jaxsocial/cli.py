@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import sys
 
 from absl import flags
@@ -25,3 +26,17 @@ def parse_flags(argv):
     except flags.Error as e:
         sys.stderr.write(f"error: {e} (see --help)\n")
         raise SystemExit(2) from None
+
+
+def json_safe(x):
+    """`x` with numpy scalars as Python numbers, tuples as lists and non-finite floats as None
+    (strict JSON for results files)."""
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    if hasattr(x, "item") and getattr(x, "shape", None) == ():
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x

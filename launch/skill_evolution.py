@@ -117,7 +117,7 @@ def run(config, workdir: str) -> dict:
                "generate_calls": llm.calls, "wall_s": time.time() - t0}
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "results.json"), "w") as f:
-        json.dump(_clean(results), f, indent=1)
+        json.dump(cli.json_safe(results), f, indent=1)
     print(format_table(rows, config.reference, data_info, config.num_seeds))
     return results
 
@@ -156,18 +156,6 @@ def format_table(rows: dict, reference: str, data: dict, seeds: int) -> str:
         f"deployed skills; {data['excluded_prompts']} of {data['prompts']} prompts excluded "
         "(checkers need NLTK data))")
     return "\n".join(lines)
-
-
-def _clean(x):
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, (np.floating, np.integer)):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
 
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -149,16 +149,6 @@ def format_table(rows: dict, reference: str) -> str:
     return "\n".join(lines)
 
 
-def _clean(x):
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
-
 def run(config, workdir: str) -> dict:
     """Baselines (+ LLM agents if enabled); writes workdir/results.json; returns the results."""
     rows = run_baselines(config)
@@ -168,7 +158,7 @@ def run(config, workdir: str) -> dict:
                "reference": config.reference, "policies": rows}
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "results.json"), "w") as f:
-        json.dump(_clean(results), f, indent=1)
+        json.dump(cli.json_safe(results), f, indent=1)
     print(format_table(rows, config.reference))
     return results
 

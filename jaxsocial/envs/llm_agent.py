@@ -249,19 +249,9 @@ class LLMAgent:
     # ------------------------------------------------------------------ generation
     def encode(self, user_messages: Sequence[str]):
         """Chat-templated, left-padded prompts -> (ids [B, L] int32, mask [B, L] int32)."""
-        rows = []
-        for msg in user_messages:
-            enc = self.tokenizer.apply_chat_template(
-                [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": msg}],
-                add_generation_prompt=True, tokenize=True)
-            rows.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
-        length = max(len(r) for r in rows)
-        ids = np.full((len(rows), length), self.pad, np.int32)
-        mask = np.zeros((len(rows), length), np.int32)
-        for b, r in enumerate(rows):
-            ids[b, length - len(r):] = r
-            mask[b, length - len(r):] = 1
-        return ids, mask
+        return loading.encode_chats(self.tokenizer, [
+            [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": msg}]
+            for msg in user_messages], self.pad)
 
     def complete(self, user_messages: Sequence[str], key, max_new_tokens: int, grammar=None):
         """-> (texts [B], lengths [B] int (tokens generated, stop included), truncated [B] bool)."""

@@ -139,20 +139,9 @@ class SkillLLM:
 
     def encode(self, pairs: Sequence[tuple[str, str]]):
         """[(system, user)] -> left-padded (ids [B, L] int32, mask [B, L] int32)."""
-        rows = []
-        for system, user in pairs:
-            msgs = ([{"role": "system", "content": system}] if system else []) + [
-                {"role": "user", "content": user}]
-            enc = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True,
-                                                     tokenize=True)
-            rows.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
-        length = max(len(r) for r in rows)
-        ids = np.full((len(rows), length), self.pad, np.int32)
-        mask = np.zeros((len(rows), length), np.int32)
-        for b, r in enumerate(rows):
-            ids[b, length - len(r):] = r
-            mask[b, length - len(r):] = 1
-        return ids, mask
+        return loading.encode_chats(self.tokenizer, [
+            ([{"role": "system", "content": system}] if system else [])
+            + [{"role": "user", "content": user}] for system, user in pairs], self.pad)
 
     def complete(self, pairs: Sequence[tuple[str, str]], key, caps: Sequence[int], grammar=None,
                  limit: int = 0, temperature: float | None = None):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Tuple
 
+import numpy as np
 from flax import nnx
 
 from jaxsocial.models import checkpoint_hf, llama
@@ -111,3 +112,20 @@ def resolve_tokenizer(tokenizer: Any, config: llama.LlamaConfig):
         raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the model's embedding has "
                          f"{config.vocab_size} rows")
     return tokenizer
+
+
+def encode_chats(tokenizer: Any, conversations, pad: int):
+    """Chat-templated conversations (each a list of {"role", "content"} messages, the
+    generation prompt added) -> left-padded (ids [B, L] int32, mask [B, L] int32)."""
+    rows = []
+    for messages in conversations:
+        enc = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True,
+                                            tokenize=True)
+        rows.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
+    length = max(len(r) for r in rows)
+    ids = np.full((len(rows), length), pad, np.int32)
+    mask = np.zeros((len(rows), length), np.int32)
+    for b, r in enumerate(rows):
+        ids[b, length - len(r):] = r
+        mask[b, length - len(r):] = 1
+    return ids, mask
