@@ -230,11 +230,7 @@ class LLMAgent:
         self.config = config
         # The grammar ends an answer with the chat template's end-of-turn token; generation
         # stops on any stop id of the one loader's rule.
-        self.stop_ids = loading.stop_token_ids(tokenizer, model.config)
-        eot = loading.end_of_turn_id(tokenizer)
-        self.eot = int(eot if eot is not None else tokenizer.eos_token_id)
-        pad = tokenizer.pad_token_id
-        self.pad = int(pad if pad is not None else model.config.pad_token_id or 0)
+        self.stop_ids, self.eot, self.pad = loading.chat_token_ids(tokenizer, model.config)
         self._grammars = {}
 
     @classmethod

@@ -122,11 +122,7 @@ class SkillLLM:
 
     def __init__(self, model, tokenizer, config: RunConfig):
         self.model, self.tokenizer, self.config = model, tokenizer, config
-        self.stop_ids = loading.stop_token_ids(tokenizer, model.config)
-        eot = loading.end_of_turn_id(tokenizer)
-        self.eot = int(eot if eot is not None else tokenizer.eos_token_id)
-        pad = tokenizer.pad_token_id
-        self.pad = int(pad if pad is not None else model.config.pad_token_id or 0)
+        self.stop_ids, self.eot, self.pad = loading.chat_token_ids(tokenizer, model.config)
         self._grammars = {}
         self.calls = 0
 

@@ -129,3 +129,15 @@ def encode_chats(tokenizer: Any, conversations, pad: int):
         ids[b, length - len(r):] = r
         mask[b, length - len(r):] = 1
     return ids, mask
+
+
+def chat_token_ids(tokenizer: Any, config: llama.LlamaConfig) -> Tuple[Tuple[int, ...], int, int]:
+    """(stop ids, end-of-turn id, pad id) of a chat model: generation stops on the stop ids
+    (`stop_token_ids`); a grammar ends an answer with the chat template's end-of-turn token
+    (the eos token when the template has none); prompts are left-padded with the pad id (the
+    model's, or 0)."""
+    eot = end_of_turn_id(tokenizer)
+    pad = tokenizer.pad_token_id
+    return (stop_token_ids(tokenizer, config),
+            int(eot if eot is not None else tokenizer.eos_token_id),
+            int(pad if pad is not None else config.pad_token_id or 0))
