@@ -152,3 +152,32 @@ def test_society_ticks_sharded_along_users_equal_one_device():
         y = jax.tree_util.tree_flatten_with_path(b)[0]
         np.testing.assert_allclose(np.asarray(dict(y)[path]), np.asarray(x), atol=1e-6,
                                    err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_train_state_shardings_follow_the_model_metadata_and_optax(lora_rank):
+    """Adam's moments get their parameter's sharding (optax.tree_map_params), the reference
+    the model's, counters / value head / LoRA adapters are replicated."""
+    from jaxsocial.rl import lora as lora_lib
+    from jaxsocial.rl import ppo
+    from jaxsocial.train import aot
+
+    cfg = llama.preset("small_20m", num_hidden_layers=1)
+    mesh = sharding.make_mesh((1, 8, 1))
+    lora = lora_lib.LoraConfig(rank=lora_rank) if lora_rank else None
+    _, (train, _) = aot.abstract_update(cfg, ppo.PPOConfig(), mesh, rows=8, prompt_len=4,
+                                        response_len=4, lora=lora)
+    adam = [s for s in jax.tree.leaves(train.opt_state, is_leaf=lambda x: isinstance(
+        x, optax.ScaleByAdamState)) if isinstance(s, optax.ScaleByAdamState)][0]
+    ref_q = train.ref_params["layers"][0]["self_attn"]["q_proj"].sharding.spec
+    assert ref_q != jax.sharding.PartitionSpec()  # embed dim split along fsdp
+    assert adam.count.sharding.spec == jax.sharding.PartitionSpec()
+    assert train.params["value"]["head"]["kernel"].sharding.spec == jax.sharding.PartitionSpec()
+    for moment in (adam.mu, adam.nu):
+        for p, m in zip(jax.tree.leaves(train.params), jax.tree.leaves(moment)):
+            assert m.sharding == p.sharding and m.shape == p.shape
+    policy = jax.tree.leaves(train.params["policy"])
+    if lora_rank:
+        assert all(x.sharding.spec == jax.sharding.PartitionSpec() for x in policy)
+    else:
+        assert train.params["policy"]["layers"][0]["self_attn"]["q_proj"].sharding.spec == ref_q

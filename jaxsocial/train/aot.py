@@ -282,7 +282,8 @@ def abstract_update(model_config: llama.LlamaConfig, rl_config, mesh, *, rows: i
     _, model_state = nnx.split(nnx.eval_shape(lambda: llama.Llama(model_config,
                                                                    rngs=nnx.Rngs(0))))
     weight_sh = nnx.to_pure_dict(sharding.state_shardings(model_state, mesh))
-    train = _with_shardings(train, sharding.weights_like_shardings(train, weight_sh, mesh))
+    train = _with_shardings(train, sharding.train_state_shardings(
+        train, weight_sh, mesh, optim.make_optimizer(rl_config)[0], lora=lora is not None))
     batch = jax.eval_shape(lambda: buffer_lib.make_trajectory(
         jnp.zeros((rows, prompt_len), jnp.int32), jnp.ones((rows, prompt_len), bool),
         jnp.zeros((rows, response_len), jnp.int32), jnp.ones((rows, response_len), bool),

@@ -349,16 +349,19 @@ class SocialRL:
         return sharding.put_global(state, self.state_shardings(state))
 
     def state_shardings(self, state: RunState):
-        """Shardings of a RunState: every subtree shaped like the model's weights (policy,
-        reference, Adam moments) by the logical-axis rules, everything else replicated."""
+        """Shardings of a RunState: the train state's weights and their Adam moments by the
+        logical-axis rules (`sharding.train_state_shardings`), the society's per-user arrays
+        along `agents` (`sharding.society_shardings`), the rest replicated."""
         mesh = self.mesh
         if getattr(self, "_weight_sh", None) is None:
             _, model_state = nnx.split(nnx.eval_shape(lambda: llama.Llama(
                 self.model_config, rngs=nnx.Rngs(0))))
             self._weight_sh = nnx.to_pure_dict(sharding.state_shardings(model_state, mesh))
         rep = sharding.replicated(mesh)
-        return RunState(train=sharding.weights_like_shardings(state.train, self._weight_sh,
-                                                              mesh),
+        tx, _ = optim.make_optimizer(self.rl_config)
+        train = sharding.train_state_shardings(state.train, self._weight_sh, mesh, tx,
+                                               lora=self.pdef.lora is not None)
+        return RunState(train=train,
                         society=sharding.society_shardings(state.society, mesh),
                         key=rep, epoch=rep)
 

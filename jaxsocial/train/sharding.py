@@ -17,6 +17,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import jax
 import numpy as np
+import optax
 from absl import logging
 from flax import nnx
 from jax.experimental import multihost_utils
@@ -113,27 +114,27 @@ def state_shardings(state: Any, mesh: Mesh, rules: Dict[str, Any] = LOGICAL_AXIS
     return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def weights_like_shardings(tree: Any, weight_shardings: Dict[str, Any], mesh: Mesh) -> Any:
-    """Shardings for `tree`: every subtree with the model's structure (params, reference,
-    Adam moments) gets `weight_shardings` (a pure dict from `state_shardings`); every other
-    leaf is replicated. Walks dicts, lists/tuples, NamedTuples and flax dataclasses."""
+def train_state_shardings(train: Any, weight_shardings: Dict[str, Any], mesh: Mesh,
+                          tx: Any, lora: bool = False) -> Any:
+    """Shardings of an RL TrainState, read off its structure, not guessed from key sets:
+    the reference (and the policy's weights, unless `lora`: then the policy holds adapters,
+    replicated) and a critic trunk get `weight_shardings` (the model's NNX metadata through
+    `state_shardings`, as a pure dict); the value head is replicated; the optimizer state's
+    parameter-shaped leaves get their parameter's sharding through `optax.tree_map_params(tx,
+    ...)`, its counters are replicated; scalars and keys are replicated."""
     rep = replicated(mesh)
-    keys = set(weight_shardings)
-
-    def walk(t):
-        if isinstance(t, dict) and set(t) == keys:
-            return jax.tree.map(lambda s, _: s, weight_shardings, t)
-        if isinstance(t, dict):
-            return {k: walk(v) for k, v in t.items()}
-        if isinstance(t, (list, tuple)) and not hasattr(t, "_fields"):
-            return type(t)(walk(v) for v in t)
-        if hasattr(t, "_fields"):
-            return type(t)(*(walk(v) for v in t))
-        if dataclasses.is_dataclass(t):
-            return t.replace(**{f.name: walk(getattr(t, f.name)) for f in dataclasses.fields(t)
-                                if f.metadata.get("pytree_node", True)})
-        return jax.tree.map(lambda _: rep, t)
-    return walk(tree)
+    reps = lambda t: jax.tree.map(lambda _: rep, t)  # noqa: E731
+    weights = lambda t: jax.tree.map(lambda s, _: s, weight_shardings, t)  # noqa: E731
+    value = train.params.get("value")
+    params = {"policy": reps(train.params["policy"]) if lora else weights(train.params["policy"]),
+              "value": None if value is None else {
+                  k: weights(v) if k == "trunk" else reps(v) for k, v in value.items()}}
+    opt = optax.tree_map_params(tx, lambda _, s: s, train.opt_state, params,
+                                transform_non_params=lambda _: rep)
+    return train.replace(params=params, ref_params=weights(train.ref_params), opt_state=opt,
+                         **{f.name: reps(getattr(train, f.name)) for f in dataclasses.fields(train)
+                            if f.name not in ("params", "ref_params", "opt_state")
+                            and f.metadata.get("pytree_node", True)})
 
 
 def data_sharding(mesh: Mesh, ndim: int, logical: str = "batch") -> NamedSharding:
