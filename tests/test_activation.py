@@ -108,7 +108,7 @@ def test_the_rollout_draws_its_agents_from_the_hours_profile():
     state = run.init_state()
     _, ro = run._rollout(state.train.params, state.train.ref_params, state.society,
                          jax.random.key(3))
-    hour = [int(activation.hour_of_tick(t, run.params)) for t in np.asarray(ro.tick)]
+    hour = [int(activation.hour_of_tick(t, run.social_params)) for t in np.asarray(ro.tick)]
     assert len(set(h % 2 for h in hour)) == 2  # both parities occur in the epoch
     for h, row in zip(hour, np.asarray(ro.agent)):
         assert sorted(row) == [i for i in agents if i % 2 == h % 2], (h, row)

@@ -36,7 +36,7 @@ def grounded():
     state = run.init_state()
     soc0 = state.society
     soc, _ = run._rollout(state.train.params, state.train.ref_params, soc0, jax.random.key(1))
-    busy = run.params.replace(p_post=0.3, p_comment=0.3, p_quote=0.3)
+    busy = run.social_params.replace(p_post=0.3, p_comment=0.3, p_quote=0.3)
     step = jax.jit(lambda k, s: society.step(k, s, None, busy)[0])
     for k in jax.random.split(jax.random.key(2), 3):
         soc = step(k, soc)
@@ -73,7 +73,7 @@ def test_bank_tokens_are_leading_space_form_right_padded(grounded):
     run, *_ = grounded
     corpus = text_bank.load_corpus()
     toks = np.asarray(run.crowd_text.posts.tokens)
-    L = run.params.content_len
+    L = run.social_params.content_len
     assert toks.shape == (len(corpus.posts), L)
     for i in (0, 17, 123):
         want = run.tokenizer.encode(" " + corpus.posts[i], add_special_tokens=False)[:L]
@@ -108,7 +108,7 @@ def test_seed_posts_are_bank_posts(grounded):
     run, state, soc0, _ = grounded
     p = soc0.posts
     seeds = np.nonzero(np.asarray(p.id) >= 0)[0]
-    assert len(seeds) == run.params.num_seed_posts
+    assert len(seeds) == run.social_params.num_seed_posts
     tokens = np.asarray(p.tokens)[seeds]
     bank = np.asarray(run.crowd_text.posts.tokens)
     match = (tokens[:, None, :] == bank[None]).all(-1)  # [S, Nb]

@@ -164,30 +164,32 @@ class SocialRL:
         horizon = int(c.reward.horizon)
         if horizon < 1:
             raise ValueError(f"reward.horizon must be >= 1, got {horizon}")
-        self.params = society.make_params(**dict(c.society), num_agents=a,
+        # The society's knobs (SocialParams), not to be confused with the policy's params.
+        self.social_params = society.make_params(**dict(c.society), num_agents=a,
                                           reward_horizon=horizon)
-        if self.params.num_users < a:
-            raise ValueError(f"society.num_users={self.params.num_users} < agents.num_agents={a}")
+        if self.social_params.num_users < a:
+            raise ValueError(f"society.num_users={self.social_params.num_users} < "
+                             f"agents.num_agents={a}")
         personas = [c.agents.personas[i % len(c.agents.personas)] for i in range(a)]
         instruction = c.agents.instruction
         if self.tool_call:  # the tools and their arguments (agents.tool_instruction: own text)
             instruction = (c.agents.get("tool_instruction", "") or agent_actions.tool_instruction(
-                c.agents.actions, self.params.feed_size))
+                c.agents.actions, self.social_params.feed_size))
         self.template = prompting.PromptTemplate.build(
             self.tokenizer, personas, instruction, c.agents.footer,
-            self.params.feed_size, self.params.content_len,
+            self.social_params.feed_size, self.social_params.content_len,
             names=[c.agents.names[i % len(c.agents.names)] for i in range(a)]
             if c.agents.names else None, newest_comment=bool(c.agents.newest_comment),
-            num_users=self.params.num_users, feed_comments=self.params.feed_comments)
+            num_users=self.social_params.num_users, feed_comments=self.social_params.feed_comments)
         self.vocab = agent_actions.ActionVocab.build(self.tokenizer, c.agents.actions,
-                                                     self.params.feed_size, self.stop_ids,
-                                                     self.params.feed_comments)
+                                                     self.social_params.feed_size, self.stop_ids,
+                                                     self.social_params.feed_comments)
         self.tools = (agent_actions.ToolVocab.build(
-            self.tokenizer, c.agents.actions, self.params.feed_size, model.config.vocab_size,
-            self.params.feed_comments) if self.tool_call else None)
+            self.tokenizer, c.agents.actions, self.social_params.feed_size, model.config.vocab_size,
+            self.social_params.feed_comments) if self.tool_call else None)
         n_new = int(c.rollout.max_new_tokens)
         longest_prefix = int(np.max(np.asarray(self.vocab.prefix_len)))
-        max_text = min(self.params.content_len, n_new - longest_prefix - 1)
+        max_text = min(self.social_params.content_len, n_new - longest_prefix - 1)
         if max_text < 1:
             raise ValueError(f"rollout.max_new_tokens={n_new} leaves no room for text after the "
                              f"longest action prefix ({longest_prefix} tokens) and a stop token")
@@ -211,7 +213,7 @@ class SocialRL:
         make = grpo_lib.make_update if c.rl.algo == "grpo" else ppo_lib.make_update
         self.update = make(self.rl_config, pdef, grammar=self.grammar)
         # Frozen post encoder: reference hidden states, mean-pooled, fixed random projection.
-        h, d = model.config.hidden_size, self.params.embed_dim
+        h, d = model.config.hidden_size, self.social_params.embed_dim
         self.projection = jax.random.normal(jax.random.key(int(c.seed) + 7919), (h, d)) / np.sqrt(h)
         self.code = c.code.enabled
         self._build_text(c, personas)
@@ -238,7 +240,7 @@ class SocialRL:
         t = c.get("crowd_text", None) or {}
         corpus = text_bank.load_corpus(t.get("path", "") or None)
         self.topics = corpus.topics
-        tok, L = self.tokenizer, self.params.content_len
+        tok, L = self.tokenizer, self.social_params.content_len
         if self.code:
             post_tok = text_bank.tokenize(tok, code_problems.TEXTS, L)
             post_topic = np.arange(len(code_problems.TEXTS))
@@ -336,7 +338,7 @@ class SocialRL:
         copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731
         train = optim.init_train_state(self.rl_config, self.pdef, copy(self._init_params),
                                        copy(self._init_ref), k_train)
-        soc = copy(society.reset(k_soc, self.params, self.crowd_text, self.interest_bank,
+        soc = copy(society.reset(k_soc, self.social_params, self.crowd_text, self.interest_bank,
                                  self.agent_interest))
         return self.place(RunState(train=train, society=soc, key=jax.random.key_data(k_loop),
                                    epoch=jnp.zeros((), jnp.int32)))
@@ -408,17 +410,17 @@ class SocialRL:
             soc, key = carry
             key, k_act, k_feed, k_gen, k_step = jax.random.split(key, 5)
             if self.activation is not None:  # by the hour's activity (OASIS's profiles)
-                hour = activation.hour_of_tick(soc.tick, self.params)
+                hour = activation.hour_of_tick(soc.tick, self.social_params)
                 agents = activation.sample_active(
                     k_act, jnp.asarray(self.activation)[:, hour], self.active)
             elif self.active < a:  # a uniform random subset acts this tick
                 agents = jnp.sort(jax.random.permutation(k_act, a)[:self.active]).astype(jnp.int32)
             else:
                 agents = jnp.arange(a, dtype=jnp.int32)
-            soc, feed = society.observe(k_feed, soc, agents, self.params)
+            soc, feed = society.observe(k_feed, soc, agents, self.social_params)
             feed_authors = jnp.where(feed.valid, soc.posts.author[feed.slots], -1)
             view = prompting.feed_view(soc.posts, feed.slots, feed.valid,
-                                       self.params.feed_comments or None)
+                                       self.social_params.feed_comments or None)
             ids, mask = prompting.assemble(self.template, agents, view)
             if self.mesh.size > 1:  # each device generates for its share of the agents
                 ids, mask = jax.lax.with_sharding_constraint(
@@ -427,17 +429,17 @@ class SocialRL:
                                                    self.sampling, grammar)
             if self.tool_call:
                 parsed, failure = agent_actions.parse_tool_call(
-                    self.tools, out.tokens, out.mask, self.params.content_len)
+                    self.tools, out.tokens, out.mask, self.social_params.content_len)
             else:
                 parsed = agent_actions.parse(self.vocab, out.tokens, out.mask,
-                                             self.params.content_len)
+                                             self.social_params.content_len)
                 failure = jnp.where(parsed.parsed, agent_actions.FAIL_OK,
                                     agent_actions.FAIL_NO_JSON).astype(jnp.int32)
             emb = self._embed(ref_params, parsed.content)
             acts = agent_actions.to_actions(parsed, agents, feed.ids, feed.valid,
                                             feed_authors, emb, view.comment_ids)
             before = soc
-            soc, info = society.step(k_step, soc, acts, self.params)
+            soc, info = society.step(k_step, soc, acts, self.social_params)
             rec = self._record(before, soc)
             ys = dict(agent=agents, prompt_ids=ids, prompt_mask=mask, tokens=out.tokens,
                       logprobs=out.logprobs, mask=out.mask, action_type=parsed.type,
@@ -452,7 +454,7 @@ class SocialRL:
             soc, key = carry
             key, k_step = jax.random.split(key)
             before = soc
-            soc, _ = society.step(k_step, soc, None, self.params)
+            soc, _ = society.step(k_step, soc, None, self.social_params)
             return (soc, key), self._record(before, soc)
 
         (soc, key), (ys, rec) = jax.lax.scan(agent_tick, (soc, key), None,
@@ -686,9 +688,9 @@ class SocialRL:
                  for i in range(len(idx))]
         if self.tool_call:  # the call's text argument (the host-side reference parser)
             c = self.config
+            sp = self.social_params
             texts = [agent_actions.parse_tool_call_text(
-                t, c.agents.actions, self.params.feed_size, self.params.feed_comments)[3] or ""
-                for t in texts]
+                t, c.agents.actions, sp.feed_size, sp.feed_comments)[3] or "" for t in texts]
         else:
             texts = [t.split(":", 1)[-1].strip() for t in texts]
         authors = [int(a) for a in np.asarray(v.agent).reshape(-1)[idx]]
