@@ -29,9 +29,10 @@ else
   GGUF=${SMOLLM2_GGUF:-$(python -c "import os.path as p; from jaxsocial.models import zoo; print(p.join(zoo.cache_dir(), 'smollm2-135m-instruct', p.basename(zoo.SMOLLM2_MEMBER)))" 2>/dev/null)}
   COMMON=(--config=configs/general.py --repeats=2 --peak_tflops="$PEAK"
           --config.mesh.shape='(1,1,1)' --config.rollout.ticks_per_epoch=4
-          # Smaller than general.py: its scoring pass (all trajectories at once, materialised
-          # attention) needs TBs at full shape (docs/scaling.md, AOT table).
-          --config.agents.num_agents=32 --config.society.content_len=32
+          # Smaller than general.py (30,720 trajectories per epoch): 32 agents, all acting in
+          # each of 4 ticks, so a row fits its time budget.
+          --config.agents.num_agents=32 --config.agents.active_per_tick=0
+          --config.agents.activation.enabled=False --config.society.content_len=32
           --config.society.feed_size=3 --config.rl.minibatches=4 --config.rl.micro_batch=8
           --config.rl.ppo_epochs=1)
   SMOL=(--config.model.checkpoint="$GGUF" --config.model.remat=False)
