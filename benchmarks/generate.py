@@ -1,29 +1,43 @@
 """Generation throughput: jaxsocial `generate` vs transformers' PyTorch `generate`, same weights.
 
-    python benchmarks/generate.py                          # CPU: small_20m, batch 32, 128 + 64
-    python benchmarks/generate.py --preset llama3_8b --batch 196 --dtype bfloat16 --skip_hf  # H200
+    python benchmarks/generate.py                          # CPU: the three rows below
+    python benchmarks/generate.py --rows=topk              # one row
+    python benchmarks/generate.py --preset llama3_8b --batch 196 --dtype bfloat16 --skip_hf \
+        --rows=topk                                        # H200
+
+Rows (issue 19's targets): `topk` = `--preset` (small_20m), batch 32, prompt 128, 64 new,
+T=1 top-k 50 top-p 0.95; `temperature` = the same with temperature only; `smol` = SmolLM2-135M's
+shapes (random weights: speed does not depend on them, and no row stops early), batch 16, prompt
+64, 128 new (decode-heavy). One line per row, then the CPU roofline of each row's decode: FLOPs
+and bytes per step (every weight and cached K/V byte read once) against the sgemm GFLOP/s and
+the read bandwidth of a matrix-vector product, measured in the same process; `decode_share` =
+our decode-only tokens/s over that bound.
 
 Both sides sample (temperature 1, top-k 50, top-p 0.95) for exactly `--new` tokens (no stop
 ids), from the same random left-padded prompts; compile / warm-up calls are excluded and the
 best of `--repeats` timed calls is kept. tokens/s = batch * new / seconds (prefill included).
 Also prints the analytic decode roofline of Llama-3-8B on one H200: per decode step every
 weight byte and every cached K/V byte is read once, so step time >= bytes / HBM bandwidth.
-Last line: `ours_tok_s=... hf_tok_s=... ratio=...`.
+Last line: `ours_tok_s=... hf_tok_s=... ratio=...` of the first row.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import tempfile
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from jaxsocial.generation import SamplingConfig, generate
 from jaxsocial.models import checkpoint_hf, llama
+
+generate_module = importlib.import_module("jaxsocial.generation.generate")
 
 
 def torch_model(model: llama.Llama):
@@ -61,9 +75,123 @@ def timed(fn, repeats):
     return best
 
 
+SMOL_SHAPES = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                   num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                   head_dim=64, tie_word_embeddings=True)
+
+
+def row_specs(args) -> dict:
+    """name -> (preset overrides, batch, prompt, new, top_k, top_p)."""
+    return {
+        "topk": ({}, args.batch, args.prompt, args.new, 50, 0.95),
+        "temperature": ({}, args.batch, args.prompt, args.new, 0, 1.0),
+        "smol": (SMOL_SHAPES, 16, 64, 128, 50, 0.95),
+    }
+
+
+def machine_peaks(dtype) -> tuple:
+    """(sgemm FLOP/s, read bytes/s) measured by JAX on this device, best of 5: a 1024^3
+    matmul, and a matrix-vector product over 256 MiB (what a decode step does with its
+    weights; a copy would also pay for allocating its output)."""
+    a = jnp.ones((1024, 1024), dtype)
+    x = jnp.ones((8192, 8192), jnp.float32)
+    v = jnp.ones((8192,), jnp.float32)
+    mm, mv = jax.jit(lambda a: a @ a), jax.jit(lambda x, v: x @ v)
+    out = []
+    for fn, args in ((mm, (a,)), (mv, (x, v))):
+        jax.block_until_ready(fn(*args))
+        out.append(min(_time(lambda: jax.block_until_ready(fn(*args))) for _ in range(5)))
+    return 2 * 1024 ** 3 / out[0], x.size * 4 / out[1]
+
+
+def _time(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def decode_bound(cfg, batch: int, context: float, flops_s: float, bytes_s: float) -> float:
+    """Decode tokens/s upper bound: per step 2 x (non-embedding params + LM head) x batch
+    FLOPs + attention, and every weight and cached K/V byte read once."""
+    item = np.dtype(cfg.dtype if cfg.dtype != "bfloat16" else np.float16).itemsize
+    dense = cfg.num_params() - cfg.vocab_size * cfg.hidden_size * (
+        1 if cfg.tie_word_embeddings else 2) + cfg.vocab_size * cfg.hidden_size
+    attn = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * context
+    flops = batch * (2 * dense + attn)
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * context * batch
+    step = max(flops / flops_s, (cfg.num_params() + kv) * item / bytes_s)
+    return batch / step
+
+
+def run_row(name, spec, args, peaks) -> dict:
+    overrides, batch, prompt, new, top_k, top_p = spec
+    cfg = llama.preset(args.preset, dtype=args.dtype, param_dtype=args.dtype, **overrides)
+    model = llama.Llama(cfg, rngs=nnx.Rngs(args.seed))
+    rs = np.random.RandomState(args.seed)
+    ids = rs.randint(3, cfg.vocab_size, (batch, prompt)).astype(np.int32)
+    lengths = rs.randint(prompt // 2, prompt + 1, batch)
+    lengths[0] = prompt
+    mask = np.arange(prompt)[None, :] >= (prompt - lengths)[:, None]
+    pad = 0 if cfg.pad_token_id is None else cfg.pad_token_id
+    ids = np.where(mask, ids, pad).astype(np.int32)
+    sc = SamplingConfig(max_new_tokens=new, temperature=1.0, top_k=top_k, top_p=top_p,
+                        stop_token_ids=(), prompt_bucket=64)
+    n_tok = batch * new
+
+    def ours(i):
+        out = generate(model, ids, mask, jax.random.key(i), sc)
+        jax.block_until_ready(out.tokens)
+        return out
+
+    t0 = time.perf_counter()
+    out = ours(0)
+    compile_s = time.perf_counter() - t0
+    assert int(out.lengths.min()) == new, "every row must produce `new` tokens"
+    ours_s, ours_cpu = timed(ours, args.repeats)
+    # Decode alone: the compiled prefill of the same call, timed apart.
+    graphdef, state = nnx.split(model)
+    bucket = generate_module.bucket_length(prompt, sc.prompt_bucket)
+    prefill, _ = generate_module._programs(graphdef, bucket, batch, sc, False, False)
+    pids = np.concatenate([np.full((batch, bucket - prompt), pad, np.int32), ids], 1)
+    pmask = np.concatenate([np.zeros((batch, bucket - prompt), bool), mask], 1)
+    jax.block_until_ready(prefill(state, pids, pmask))
+    prefill_s = min(_time(lambda: jax.block_until_ready(prefill(state, pids, pmask)))
+                    for _ in range(args.repeats))
+    decode_tok_s = n_tok / max(ours_s - prefill_s, 1e-9)
+    res = dict(row=name, params_m=cfg.num_params() / 1e6, batch=batch, prompt=prompt, new=new,
+               top_k=top_k, top_p=top_p, ours_tok_s=n_tok / ours_s, compile_s=compile_s,
+               ours_cpu_s=ours_cpu, prefill_s=prefill_s, decode_tok_s=decode_tok_s,
+               hf_tok_s=float("nan"))
+    if peaks is not None:
+        bound = decode_bound(cfg, batch, prompt + new / 2, *peaks)
+        res.update(decode_bound_tok_s=bound, decode_share=decode_tok_s / bound)
+    if not args.skip_hf:
+        import torch
+        if args.hf_threads:
+            torch.set_num_threads(args.hf_threads)
+        tm = torch_model(model)
+        t_ids = torch.from_numpy(ids.astype(np.int64))
+        t_mask = torch.from_numpy(mask.astype(np.int64))
+        kw = dict(do_sample=True, temperature=1.0, max_new_tokens=new, min_new_tokens=new,
+                  pad_token_id=pad, top_k=top_k, top_p=top_p)  # 0 / 1.0: off
+
+        def hf(i):
+            torch.manual_seed(i)
+            with torch.inference_mode():
+                return tm.generate(input_ids=t_ids, attention_mask=t_mask, **kw)
+
+        r = hf(0)
+        assert r.shape == (batch, prompt + new), r.shape
+        hf_s, hf_cpu = timed(hf, args.repeats)
+        res.update(hf_tok_s=n_tok / hf_s, hf_cpu_s=hf_cpu, hf_threads=torch.get_num_threads())
+    res["ratio"] = res["ours_tok_s"] / res["hf_tok_s"]
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="small_20m")
+    ap.add_argument("--rows", default="topk,temperature,smol")
+    ap.add_argument("--preset", default="small_20m", help="the topk / temperature rows' model")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=64)
@@ -75,68 +203,29 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
-    cfg = llama.preset(args.preset, dtype=args.dtype, param_dtype=args.dtype)
-    print(f"device={jax.devices()[0].device_kind} preset={args.preset} "
-          f"params={cfg.num_params() / 1e6:.1f}M batch={args.batch} prompt={args.prompt} "
-          f"new={args.new} dtype={args.dtype} cpus={os.cpu_count()}")
-    model = llama.Llama(cfg, rngs=nnx.Rngs(args.seed))
-    rs = np.random.RandomState(args.seed)
-    ids = rs.randint(3, cfg.vocab_size, (args.batch, args.prompt)).astype(np.int32)
-    lengths = rs.randint(args.prompt // 2, args.prompt + 1, args.batch)
-    lengths[0] = args.prompt
-    mask = np.arange(args.prompt)[None, :] >= (args.prompt - lengths)[:, None]
-    pad = 0 if cfg.pad_token_id is None else cfg.pad_token_id
-    ids = np.where(mask, ids, pad).astype(np.int32)
-    sc = SamplingConfig(max_new_tokens=args.new, temperature=1.0, top_k=50, top_p=0.95,
-                        stop_token_ids=(), prompt_bucket=64)
-    n_tok = args.batch * args.new
-
-    def ours(i):
-        out = generate(model, ids, mask, jax.random.key(i), sc)
-        jax.block_until_ready(out.tokens)
-        return out
-
-    t0 = time.perf_counter()
-    out = ours(0)
-    compile_s = time.perf_counter() - t0
-    assert int(out.lengths.min()) == args.new, "every row must produce --new tokens"
-    ours_s, ours_cpu = timed(ours, args.repeats)
-    ours_tok_s = n_tok / ours_s
-    print(f"ours: first call (compile) {compile_s:.2f}s, best {ours_s:.3f}s wall "
-          f"({ours_cpu:.2f} CPU-s) -> {ours_tok_s:.0f} tok/s")
-
-    hf_tok_s = float("nan")
-    if not args.skip_hf:
-        import torch
-        if args.hf_threads:
-            torch.set_num_threads(args.hf_threads)
-        tm = torch_model(model)
-        t_ids = torch.from_numpy(ids.astype(np.int64))
-        t_mask = torch.from_numpy(mask.astype(np.int64))
-        kw = dict(do_sample=True, temperature=1.0, top_k=50, top_p=0.95, max_new_tokens=args.new,
-                  min_new_tokens=args.new, pad_token_id=pad)
-
-        def hf(i):
-            torch.manual_seed(i)
-            with torch.inference_mode():
-                return tm.generate(input_ids=t_ids, attention_mask=t_mask, **kw)
-
-        res = hf(0)
-        assert res.shape == (args.batch, args.prompt + args.new), res.shape
-        hf_s, hf_cpu = timed(hf, args.repeats)
-        hf_tok_s = n_tok / hf_s
-        print(f"transformers {__import__('transformers').__version__} / torch {torch.__version__}"
-              f" ({torch.get_num_threads()} threads): best {hf_s:.3f}s wall ({hf_cpu:.2f} CPU-s)"
-              f" -> {hf_tok_s:.0f} tok/s")
-        print(f"CPU-time ratio (less sensitive to other load on the machine): "
-              f"{hf_cpu / ours_cpu:.2f}")
+    on_cpu = jax.devices()[0].platform == "cpu"
+    peaks = machine_peaks(args.dtype) if on_cpu else None
+    print(f"device={jax.devices()[0].device_kind} dtype={args.dtype} cpus={os.cpu_count()}"
+          + (f" sgemm_gflop_s={peaks[0] / 1e9:.0f} read_gb_s={peaks[1] / 1e9:.1f}" if peaks
+             else ""))
+    specs = row_specs(args)
+    results = []
+    for name in args.rows.split(","):
+        r = run_row(name, specs[name], args, peaks)
+        results.append(r)
+        share = (f" decode_tok_s={r['decode_tok_s']:.0f} bound={r['decode_bound_tok_s']:.0f}"
+                 f" decode_share={100 * r['decode_share']:.0f}%" if peaks else "")
+        print(f"row={name} params={r['params_m']:.0f}M batch={r['batch']} prompt={r['prompt']}"
+              f" new={r['new']} top_k={r['top_k']} top_p={r['top_p']}"
+              f" ours_tok_s={r['ours_tok_s']:.0f} hf_tok_s={r['hf_tok_s']:.0f}"
+              f" ratio={r['ratio']:.2f} compile_s={r['compile_s']:.1f}{share}", flush=True)
 
     r = roofline(args.prompt, args.new)
     print(f"roofline llama3_8b bf16 on H200 (4.3 TB/s), batch {r['batch']}, mean context "
           f"{r['context']:.0f}: weights {r['weight_gb']:.2f} GB + KV {r['kv_gb']:.2f} GB per "
           f"step -> {r['step_ms']:.2f} ms/step -> {r['tok_s']:.0f} decode tok/s upper bound")
-    ratio = ours_tok_s / hf_tok_s
-    print(f"ours_tok_s={ours_tok_s:.1f} hf_tok_s={hf_tok_s:.1f} ratio={ratio:.2f}")
+    h = results[0]
+    print(f"ours_tok_s={h['ours_tok_s']:.1f} hf_tok_s={h['hf_tok_s']:.1f} ratio={h['ratio']:.2f}")
 
 
 if __name__ == "__main__":

@@ -80,7 +80,8 @@ def test_greedy_is_argmax_and_reports_temperature_one_logprob():
 
 
 @pytest.mark.parametrize("config", [SamplingConfig(temperature=0.8, top_k=4, top_p=0.9),
-                                    SamplingConfig(temperature=1.2, top_p=0.8)])
+                                    SamplingConfig(temperature=1.2, top_p=0.8),
+                                    SamplingConfig(temperature=0.7)])  # inverse-CDF draw
 def test_empirical_frequencies_match_renormalised_probabilities(config):
     logits = np.array([2.0, 1.5, 1.0, 0.4, 0.0, -1.0, -2.0], np.float32)
     n = 200_000
@@ -98,7 +99,8 @@ def test_empirical_frequencies_match_renormalised_probabilities(config):
              untruncated,                                                  # no truncation
              np.where(p > 0, untruncated, 0)]                              # no renormalising
     for q in wrong:
-        assert np.abs(q - p).max() > 4 * tol.max()
+        if config.top_k or config.top_p < 1.0 or q is wrong[0]:  # no truncation to miss
+            assert np.abs(q - p).max() > 4 * tol.max()
 
 
 def test_same_key_same_tokens_different_key_different_tokens():
