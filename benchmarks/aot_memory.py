@@ -111,7 +111,7 @@ def child(spec):
     else:
         progs = compiled[-1]
     run.model_config = run.model_config.replace(num_hidden_layers=full)
-    est = aot.run_estimate(run)
+    est = run.memory_estimate()
     print(f"row={spec['name']} estimate (GiB): "
           + " ".join(f"{k}={v / GIB:.3f}" for k, v in est.programs.items()), flush=True)
     res = {

@@ -92,22 +92,21 @@ def profile(name: str, batch: int, prompt: int, new: int, repeats: int, top_k: i
     tok = jnp.ones((batch, 1), jnp.int32)
     live = jnp.ones((batch, 1), bool)
 
-    # Donated like the loop's carry, so the cache is written in place, not copied.
-    @jax.jit
     def forward(state, cache):
         out = nnx.merge(graphdef, state).forward(tok, live, cache=cache)
         return out.logits, out.cache
-    forward = jax.jit(forward.__wrapped__, donate_argnums=(1,))
+    # Donated like the loop's carry, so the cache is written in place, not copied.
+    forward = jax.jit(forward, donate_argnums=(1,))
     caches = [fresh_cache() for _ in range(repeats + 1)]
     t_forward = best(lambda: forward(state, caches.pop())[0], repeats)
 
-    w = jax.tree.map(lambda x: x, nnx.to_pure_dict(state))
+    w = nnx.to_pure_dict(state)
     x = jnp.ones((batch, h), jnp.float32)
 
     @jax.jit
     def matmuls(w, x):
         y = x
-        for layer in w["layers"].values() if isinstance(w["layers"], dict) else w["layers"]:
+        for layer in w["layers"].values():
             a, m = layer["self_attn"], layer["mlp"]
             q = y @ a["q_proj"]
             k = y @ a["k_proj"]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import jaxpr_shapes
 
-from jaxsocial.social import recsys, society
+from jaxsocial.social import actions, recsys, society
 from jaxsocial.social.actions import ActionType as T
 from jaxsocial.social.actions import Reason, make_actions
 from jaxsocial.social.state import PostKind
@@ -259,7 +259,7 @@ def test_profile_running_mean_equals_numpy():
     assert n_like >= 5 and n_made >= 10 and n_evicted >= 1 and crowd_checks >= 2
     assert int(s.posts.next_id) > params.post_capacity  # the ring wrapped
     # other recommenders leave the profile at the bio
-    assert recsys.update_profiles(before, state, make_actions(params, typ, actor, target),
+    assert actions.update_profiles(before, state, make_actions(params, typ, actor, target),
                                   info.agent, params.replace(recsys="twitter")) is state
 
 

@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxsocial.social import actions as actions_lib
 from jaxsocial.social.state import EMPTY, PostKind, SocialParams, SocialState, normalize
 
 REDDIT_EPOCH_SECONDS = 1134028003  # OASIS / reddit's reference epoch
@@ -124,11 +123,6 @@ def twhin_candidates(key, state: SocialState, params: SocialParams):
     r = jnp.where(live, jax.random.uniform(key, (posts.capacity,)), -1.0)
     _, slot = jax.lax.top_k(r, c)
     return slot.astype(jnp.int32), live[slot]
-
-
-# The profile update is applied with every batch (`actions.apply_and_update`); kept here under
-# its old name too.
-update_profiles = actions_lib.update_profiles
 
 
 _TWHIN_BLOCK = 512  # users per block of _twhin_top

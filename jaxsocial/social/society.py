@@ -8,7 +8,7 @@ reward or done. Observations are feeds (`observe`), rewards are likes within a h
 
 A step: apply the LLM agents' action batch (any size, possibly empty) -> crowd reactions on the
 updated state -> freeze horizon likes -> advance the clock.  With recsys="twhin" each applied
-batch also updates the users' TwHIN profiles (`recsys.update_profiles`).
+batch also updates the users' TwHIN profiles (`actions.update_profiles`).
 """
 from __future__ import annotations
 

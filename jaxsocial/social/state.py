@@ -185,7 +185,7 @@ class Users:
     num_followers: jax.Array  # [N] int32 (= in-degree of the follow graph)
     num_following: jax.Array  # [N] int32 (= non-empty entries of graph.following[u])
     last_post: jax.Array  # [N] int32 global id of the user's latest post/repost/quote or -1
-    # TwHIN profile (maintained only when recsys == "twhin"; see recsys.update_profiles): the
+    # TwHIN profile (maintained only when recsys == "twhin"; see actions.update_profiles): the
     # running mean of the bio (= interest at reset) and the embeddings of every post the user
     # created (post / repost / quote) or liked, stored as sum + count.  Profile mean =
     # profile_sum / profile_count; the bio's weight in it is 1 / profile_count.

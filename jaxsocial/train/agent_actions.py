@@ -70,10 +70,6 @@ ACTIONS: Dict[str, Spec] = {
     "refresh": Spec(T.REFRESH, "none", False),
     "nothing": Spec(T.DO_NOTHING, "none", False),
 }
-OASIS_NAMES = {"create_post": "post", "create_comment": "comment", "quote_post": "quote",
-               "like_post": "like", "unlike_post": "unlike", "dislike_post": "dislike",
-               "undo_dislike_post": "undo_dislike", "report_post": "report",
-               "do_nothing": "nothing"}
 # Action sets by name (`agents.actions` may be one of these names or a sequence of keywords).
 PRESETS = {
     "default": ("post", "comment", "like", "repost", "follow", "nothing"),
@@ -112,6 +108,12 @@ def needs_comments(actions: Union[str, Sequence[str]]) -> Tuple[str, ...]:
     return tuple(a for a in resolve(actions) if ACTIONS[a].target == "comment")
 
 
+def _check_comments(actions: Sequence[str], feed_comments: int) -> None:
+    if feed_comments < 1 and needs_comments(actions):
+        raise ValueError(f"agent actions {list(needs_comments(actions))} name a shown "
+                         f"comment: set society.feed_comments >= 1")
+
+
 @struct.dataclass
 class ActionVocab:
     """Prefix table. prefixes [M, Lmax] int32 (right-padded with -1), prefix_len [M],
@@ -135,9 +137,7 @@ class ActionVocab:
         `feed_comments` comments shown per post).  ValueError for an unknown action, or a
         comment action with feed_comments = 0."""
         actions = resolve(actions)
-        if feed_comments < 1 and needs_comments(actions):
-            raise ValueError(f"agent actions {list(needs_comments(actions))} name a shown "
-                             f"comment: set society.feed_comments >= 1")
+        _check_comments(actions, feed_comments)
         enc = lambda s: list(tokenizer.encode(s, add_special_tokens=False))  # noqa: E731
         rows, meta = [], []
         for name in actions:
@@ -298,6 +298,8 @@ TOOL_ARGS = {
     "refresh": ("refresh", None, None),
     "nothing": ("do_nothing", None, None),
 }
+# OASIS's action names that differ from our keywords, accepted in `agents.actions`.
+OASIS_NAMES = {tool: kw for kw, (tool, _, _) in TOOL_ARGS.items() if tool != kw}
 INT_ARGS = ("post_id", "followee_id", "mutee_id", "comment_id")
 TEXT_ARGS = ("content", "quote_content", "query")
 ARGS_KEYS = ("arguments", "parameters")
@@ -327,19 +329,6 @@ def tool_instruction(actions: Union[str, Sequence[str]], feed_size: int,
     return "\n".join(lines)
 
 
-def _bytes_to_unicode() -> Dict[int, str]:
-    """GPT-2's byte -> printable character map (byte-level BPE vocabularies)."""
-    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-          + list(range(ord("®"), ord("ÿ") + 1)))
-    cs, n = list(bs), 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, (chr(c) for c in cs)))
-
-
 def token_bytes(tokenizer, vocab_size: int, max_bytes: int = 16) -> Tuple[np.ndarray, np.ndarray]:
     """Each token's bytes: chars [V, max_bytes] uint8, length [V] int32 (special and unused ids:
     0; a longer token keeps its first max_bytes). Byte-level BPE ("Ġ"), SentencePiece ("▁",
@@ -348,7 +337,9 @@ def token_bytes(tokenizer, vocab_size: int, max_bytes: int = 16) -> Tuple[np.nda
     pieces = tokenizer.convert_ids_to_tokens(list(range(n)))
     special = set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
     special |= set(getattr(tokenizer, "all_special_ids", []) or [])
-    inv = {c: b for b, c in _bytes_to_unicode().items()}
+    from transformers.convert_slow_tokenizer import bytes_to_unicode  # GPT-2's byte map
+
+    inv = {c: b for b, c in bytes_to_unicode().items()}
     plain = [p for i, p in enumerate(pieces) if i not in special and p]
     byte_level = all(ch in inv for p in plain[:2000] for ch in p)
     sp = not byte_level and any("▁" in p for p in plain[:5000])
@@ -404,9 +395,7 @@ class ToolVocab:
     def build(tokenizer, actions: Union[str, Sequence[str]], feed_size: int, vocab_size: int,
               feed_comments: int = 0, max_token_bytes: int = 16) -> "ToolVocab":
         actions = resolve(actions)
-        if feed_comments < 1 and needs_comments(actions):
-            raise ValueError(f"agent actions {list(needs_comments(actions))} name a shown "
-                             f"comment: set society.feed_comments >= 1")
+        _check_comments(actions, feed_comments)
         chars, length = token_bytes(tokenizer, vocab_size, max_token_bytes)
         keys, key_len = _table(KEYS)
         names = tuple(TOOL_ARGS[a][0] for a in actions)

@@ -293,11 +293,6 @@ def abstract_update(model_config: llama.LlamaConfig, rl_config, mesh, *, rows: i
     return update, (train, batch)
 
 
-def run_estimate(run: loop.SocialRL) -> memory.MemoryEstimate:
-    """`memory.estimate` for the run's model, mesh and shapes (what `SocialRL` checks)."""
-    return run.memory_estimate()
-
-
 def format_report(progs: List[ProgramMemory], est: Optional[memory.MemoryEstimate] = None,
                   prefix: str = "") -> str:
     """One line per program: argument / output / temp / alias / total / other / peak GiB."""

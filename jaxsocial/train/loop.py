@@ -216,6 +216,8 @@ class SocialRL:
         h, d = model.config.hidden_size, self.social_params.embed_dim
         self.projection = jax.random.normal(jax.random.key(int(c.seed) + 7919), (h, d)) / np.sqrt(h)
         self.code = c.code.enabled
+        # One compiled program per epoch unless a reward is computed on the host (code bonus).
+        self.fused = bool(c.train.get("fused_epoch", True)) and not self.code
         self._build_text(c, personas)
         self._check_memory(c)
         # The grammar enters each compiled program as an argument: closed over, XLA would bake
@@ -223,8 +225,6 @@ class SocialRL:
         self._rollout = _BindGrammar(jax.jit(self._rollout_fn), self.grammar)
         self._score = _BindGrammar(jax.jit(self._score_fn), self.grammar)
         self._view = jax.jit(self._view_fn)
-        # One compiled program per epoch unless a reward is computed on the host (code bonus).
-        self.fused = bool(c.train.get("fused_epoch", True)) and not self.code
         self._epoch = None  # built at the first epoch, with the state's shardings pinned
         self.epoch_trace_count = 0
 
@@ -311,16 +311,15 @@ class SocialRL:
         c = self.config
         rows = int(c.rollout.ticks_per_epoch) * self.active
         minibatch = rows // max(1, int(c.rl.minibatches))
-        micro = (self.rl_config.accumulation(rows)[1]
-                 if hasattr(self.rl_config, "accumulation") else minibatch)
+        micro = self.rl_config.accumulation(rows)[1]
         return memory.estimate(
             self.model_config, tuple(self.mesh.shape.values()), batch=self.active,
             prompt_len=self.template.max_len, response_len=self.sampling.max_new_tokens,
             train_micro_batch=micro, lora_rank=int(c.rl.lora_rank),
             remat=self.model_config.remat, trajectories=rows, minibatch_rows=minibatch,
-            score_micro_batch=int(getattr(self.rl_config, "micro_batch", 0) or 0),
+            score_micro_batch=int(self.rl_config.micro_batch or 0),
             score_sharded=True, attention_chunk=int(self.model_config.attention_chunk),
-            donate=bool(getattr(self, "fused", False)))
+            donate=self.fused)
 
     def _check_memory(self, c) -> None:
         """Warn before a run that cannot fit (when the backend reports device memory)."""
@@ -401,6 +400,14 @@ class SocialRL:
         crowd_posts = jnp.sum((after.posts.id != before.posts.id) & (after.posts.author >= a))
         return deltas, after.posts.id, followers, crowd_posts
 
+    def _rows_on_data_axes(self, tree):
+        """Inside jit: constrain every leaf's leading (row) dim to the data axes, where they
+        divide it (`sharding.tree_data_shardings`); a no-op on one device."""
+        if self.mesh.size == 1:
+            return tree
+        return jax.lax.with_sharding_constraint(
+            tree, sharding.tree_data_shardings(tree, self.mesh))
+
     def _rollout_fn(self, params, ref_params, soc: SocialState, key: Array, grammar=None):
         a = self.num_agents
         weights = policy_lib.policy_weights(self.pdef, params, ref_params)
@@ -422,9 +429,7 @@ class SocialRL:
             view = prompting.feed_view(soc.posts, feed.slots, feed.valid,
                                        self.social_params.feed_comments or None)
             ids, mask = prompting.assemble(self.template, agents, view)
-            if self.mesh.size > 1:  # each device generates for its share of the agents
-                ids, mask = jax.lax.with_sharding_constraint(
-                    (ids, mask), sharding.tree_data_shardings((ids, mask), self.mesh))
+            ids, mask = self._rows_on_data_axes((ids, mask))  # each device: its agents
             out = generate_from_state(graphdef, weights, ids, mask, k_gen,
                                                    self.sampling, grammar)
             if self.tool_call:
@@ -527,9 +532,7 @@ class SocialRL:
             # allowed set from the grammar tables.
             batch = batch.replace(fsm_states=grammar_lib.step_states(
                 grammar, batch.response_tokens, batch.response_mask))
-        if self.mesh.size > 1:  # each device scores its share of the rows, not all of them
-            batch = jax.lax.with_sharding_constraint(
-                batch, sharding.tree_data_shardings(batch, self.mesh))
+        batch = self._rows_on_data_axes(batch)  # each device scores its share of the rows
         lp, ref, values = policy_lib.score_batch(self.pdef, train.params, train.ref_params, batch,
                                                  self.rl_config, grammar)
         batch = batch.replace(old_logprobs=lp, ref_logprobs=ref, values=values)
@@ -554,8 +557,9 @@ class SocialRL:
         soc, ro = self._rollout(state.train.params, state.train.ref_params, state.society, k_roll)
         jax.block_until_ready(ro.tokens)
         t_roll = time.perf_counter() - t0
-        ro_host = sharding.to_host(ro)
-        bonus = self.code_bonus(ro_host)
+        # The whole rollout comes to the host only for the host-side code bonus.
+        bonus = (self.code_bonus(sharding.to_host(ro)) if self.code
+                 else np.zeros(ro.created_id.shape, np.float32))
         batch, score, eng, gap = self._score(state.train, ro, jnp.asarray(bonus))
         # Trajectories along the data axes (rows that don't divide stay replicated).
         batch = sharding.put_global(batch, sharding.tree_data_shardings(batch, self.mesh))
@@ -581,9 +585,7 @@ class SocialRL:
                                    k_roll, grammar=grammar)
         no_bonus = jnp.zeros(ro.created_id.shape, jnp.float32)
         batch, score, eng, gap = self._score_fn(state.train, ro, no_bonus, grammar=grammar)
-        if self.mesh.size > 1:
-            batch = jax.lax.with_sharding_constraint(
-                batch, sharding.tree_data_shardings(batch, self.mesh))
+        batch = self._rows_on_data_axes(batch)  # as run_epoch's put_global: the scored fields too
         train, upd = self.update.fn(state.train, batch, grammar)
         new = RunState(train=train, society=soc, key=jax.random.key_data(key),
                        epoch=state.epoch + 1)

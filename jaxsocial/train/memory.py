@@ -156,6 +156,8 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     params = n_local * pbytes
     h, i = cfg.hidden_size, cfg.intermediate_size
     L, hd = cfg.num_hidden_layers, cfg.head_dim
+    # One decoder layer's weights, whole (as gathered across fsdp when it runs).
+    layer_bytes = (n_local * mesh["fsdp"] - 2 * cfg.vocab_size * h) // max(L, 1) * pbytes
     divides = lambda n: n % t == 0  # noqa: E731
     heads_l = cfg.num_attention_heads // (t if divides(cfg.num_attention_heads) else 1)
     kv_l = cfg.num_key_value_heads // (t if divides(cfg.num_key_value_heads) else 1)
@@ -212,9 +214,8 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
         # them, keeping both models' embedding and LM head gathered and, per layer, about
         # half a layer's weights (measured by benchmarks/aot_memory.py --programs=score at
         # 8B on (1, 8, 1): 15.5 GiB per device; one calibration point).
-        layer_w = (n_local * mesh["fsdp"] - 2 * cfg.vocab_size * h) // max(L, 1) * pbytes
         models = 2 if (with_reference and not lora_rank) else 1
-        score += models * 2 * cfg.vocab_size * h * pbytes // t + L * layer_w // 2
+        score += models * 2 * cfg.vocab_size * h * pbytes // t + L * layer_bytes // 2
 
     # Update: the new state (unless donated), gradients (accumulator + one micro-batch's),
     # the activations and the logits block. Measured (benchmarks/aot_memory.py, 8B shapes on
@@ -233,8 +234,7 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
         # Checkpointed query blocks: no layer keeps its scores; measured (8B on (1, 8, 1),
         # chunk 256, micro-batch 8): ~2 GiB per layer, about 5x one layer's full (gathered)
         # weights: weights and gradients of the layer in flight (one calibration point).
-        layer_full = (n_local * mesh["fsdp"] - 2 * cfg.vocab_size * h) // max(L, 1) * pbytes
-        act = L * 5 * layer_full + 3 * mb_d * heads_l * attention_chunk * seq * 4
+        act = L * 5 * layer_bytes + 3 * mb_d * heads_l * attention_chunk * seq * 4
     elif remat:
         act = (L * (1.16 * mb_d * scores_t + minibatch_d * seq * h * cbytes)
                + 2.7 * mb_d * scores_t)
