@@ -201,12 +201,21 @@ def main():
                     help="torch intra-op threads for the peer (0 = torch's default)")
     ap.add_argument("--skip_hf", action="store_true", help="no PyTorch peer (e.g. on a GPU box)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device_peaks", default="",
+                    help="TFLOPS,GB_S: the accelerator's peak compute and memory bandwidth for "
+                         "decode_share (e.g. 989,4800 on an H200); on a CPU they are measured")
     args = ap.parse_args()
 
     on_cpu = jax.devices()[0].platform == "cpu"
     peaks = machine_peaks(args.dtype) if on_cpu else None
+    if args.device_peaks:
+        try:
+            tflops, gb_s = (float(x) for x in args.device_peaks.split(","))
+        except ValueError:
+            raise SystemExit(f"--device_peaks={args.device_peaks!r}: expected TFLOPS,GB_S")
+        peaks = (tflops * 1e12, gb_s * 1e9)
     print(f"device={jax.devices()[0].device_kind} dtype={args.dtype} cpus={os.cpu_count()}"
-          + (f" sgemm_gflop_s={peaks[0] / 1e9:.0f} read_gb_s={peaks[1] / 1e9:.1f}" if peaks
+          + (f" peak_gflop_s={peaks[0] / 1e9:.0f} read_gb_s={peaks[1] / 1e9:.1f}" if peaks
              else ""))
     specs = row_specs(args)
     results = []

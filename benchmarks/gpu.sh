@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Throughput on one accelerator, one line per row: rollout tokens/s, PPO tokens/s, MFU against
 # the device's peak, peak memory. Rows: SmolLM2-135M-Instruct (the packaged GGUF) and a
-# llama3_2_1b-shaped random model, both in configs/general.py's society. Budget: <= 8 min on
-# one H200 (each row is capped by `timeout`).
+# llama3_2_1b-shaped random model, both in configs/general.py's society; then a decode row
+# (llama3_2_1b shapes, tokens/s and share of the roofline). Budget: <= 8 min on one H200 (each
+# of the three rows is capped at 150 s by `timeout`).
 #
 #   benchmarks/gpu.sh                 # on the GPU (PEAK_TFLOPS=989: H100/H200 dense bf16)
 #   benchmarks/gpu.sh --cpu_smoke     # tiny shapes on CPU: checks the script end to end
@@ -17,8 +18,8 @@ mkdir -p "$OUT"
 PEAK=${PEAK_TFLOPS:-989}
 SMOKE=0
 [[ "${1:-}" == "--cpu_smoke" ]] && SMOKE=1
-# 2 x 230 s on the GPU; on a CPU (smoke) compiling dominates, so allow more.
-ROW_TIMEOUT=${ROW_TIMEOUT:-$([[ $SMOKE == 1 ]] && echo 1800 || echo 230)}
+# 3 x 150 s on the GPU; on a CPU (smoke) compiling dominates, so allow more.
+ROW_TIMEOUT=${ROW_TIMEOUT:-$([[ $SMOKE == 1 ]] && echo 1800 || echo 150)}
 
 if [[ $SMOKE == 1 ]]; then
   export JAX_PLATFORMS=cpu
@@ -66,3 +67,21 @@ else
   row smollm2_135m "${SMOL[@]}"
 fi
 row llama3_2_1b_random "${ONEB[@]}"
+
+# Decode against the roofline (issue 19): a llama3_2_1b-shaped random model, 196 rows (general.py's
+# agents), T=1 top-k 50 top-p 0.95, bf16; decode_share = decode tokens/s over the bound from the
+# device's peak FLOP/s and HBM bandwidth (PEAK_TFLOPS, HBM_GB_S; H200: 989, 4800).
+if [[ $SMOKE == 1 ]]; then
+  DECODE=(--preset=tiny --batch=8 --prompt=32 --new=8 --repeats=1 --dtype=float32)
+else
+  DECODE=(--preset=llama3_2_1b --batch=196 --prompt=1024 --new=128 --repeats=2
+          --dtype=bfloat16 --device_peaks="$PEAK,${HBM_GB_S:-4800}")
+fi
+start=$SECONDS
+if timeout "$ROW_TIMEOUT" python benchmarks/generate.py --rows=topk --skip_hf "${DECODE[@]}" \
+    > "$OUT/decode.log" 2>&1; then
+  echo "$(grep '^row=topk' "$OUT/decode.log" | sed 's/^row=topk/row=decode_1b/') wall_s=$((SECONDS - start))"
+else
+  echo "row=decode_1b FAILED or timed out after $((SECONDS - start)) s (log: $OUT/decode.log)"
+  tail -5 "$OUT/decode.log"
+fi

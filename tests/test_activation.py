@@ -10,7 +10,7 @@ from conftest import load_config_file
 
 from jaxsocial.social import activation
 from jaxsocial.social.state import SocialParams
-from jaxsocial.train import loop, sharding
+from jaxsocial.train import epoch, loop, sharding
 
 
 def test_hour_of_tick_matches_the_wall_clock():
@@ -105,9 +105,10 @@ def test_the_rollout_draws_its_agents_from_the_hours_profile():
     # Even hours: only even agents may act; odd hours: only odd ones (4 of each, B = 4).
     hours, agents = np.arange(24), np.arange(c.agents.num_agents)
     run.activation = ((hours[None, :] % 2) == (agents[:, None] % 2)).astype(np.float32)
+    fns = epoch.make_epoch(run)  # the pure functions read the set-up when built
     state = run.init_state()
-    _, ro = run._rollout(state.train.params, state.train.ref_params, state.society,
-                         jax.random.key(3))
+    _, ro = jax.jit(fns.rollout)(state.train.params, state.train.ref_params, state.society,
+                                 jax.random.key(3), grammar=run.grammar)
     hour = [int(activation.hour_of_tick(t, run.social_params)) for t in np.asarray(ro.tick)]
     assert len(set(h % 2 for h in hour)) == 2  # both parities occur in the epoch
     for h, row in zip(hour, np.asarray(ro.agent)):

@@ -1,4 +1,4 @@
-"""One compiled program per epoch (`SocialRL._epoch_fn`) against the three-program path."""
+"""One compiled program per epoch (`SocialRL.fns.epoch`) against the three-program path."""
 import jax
 import numpy as np
 from conftest import load_config_file

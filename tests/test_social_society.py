@@ -131,6 +131,49 @@ def test_conservation_laws(run):
     np.testing.assert_array_equal((last.posts.likes - first.posts.likes)[same], total[same])
 
 
+def _counters(posts):
+    return np.stack([posts.likes, posts.reposts, posts.comments], -1)
+
+
+def test_step_reports_engagement_followers_and_crowd_posts(run):
+    """StepInfo's engagement_delta / follower_delta / crowd_posts against the states."""
+    states, infos = run
+    states = [jax.device_get(s) for s in states]
+    first, last = states[1], states[-1]
+    # Posts alive in the same slot throughout: the deltas sum to their counters' change.
+    same = (first.posts.id == last.posts.id) & (first.posts.id >= 0)
+    total = sum(np.asarray(i.engagement_delta) for i in infos[1:])
+    change = _counters(last.posts) - _counters(first.posts)
+    np.testing.assert_array_equal(change[same], total[same])
+    assert np.abs(change[same]).sum() > 0  # the check compares something
+    # A post new in its slot counts from 0: a post created at tick t ends with the sum of
+    # its slot's deltas from t on.
+    born = {}
+    for t in range(1, len(infos)):
+        new = states[t + 1].posts.id != states[t].posts.id
+        for s in np.nonzero(new)[0]:
+            born[s] = t
+    checked = 0
+    for s, t in born.items():
+        if last.posts.id[s] >= 0:
+            got = sum(np.asarray(infos[u].engagement_delta[s]) for u in range(t, len(infos)))
+            np.testing.assert_array_equal(got, _counters(last.posts)[s])
+            checked += 1
+    assert checked > 10
+    for t, i in enumerate(infos):
+        before, after = states[t], states[t + 1]
+        np.testing.assert_array_equal(
+            i.follower_delta, after.users.num_followers[:A] - before.users.num_followers[:A])
+        new = after.posts.id != before.posts.id
+        assert int(i.crowd_posts) == int((new & (after.posts.author >= A)).sum())
+    assert sum(int(i.crowd_posts) for i in infos) > 0
+    # Negative control: the raw counter difference (no reset for new posts) disagrees.
+    raw = sum(_counters(states[t + 1].posts) - _counters(states[t].posts)
+              for t in range(1, len(infos)))
+    s0 = [s for s, t in born.items() if last.posts.id[s] >= 0 and t > 1]
+    assert any((raw[s] != _counters(last.posts)[s]).any() for s in s0)
+
+
 def test_agent_actions_in_step_and_horizon_reward(run):
     states, infos = run
     h = PARAMS.reward_horizon

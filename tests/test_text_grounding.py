@@ -52,7 +52,7 @@ def _crowd_created(run, soc0, soc):
 
 
 def _embed_stored(run, state, tokens):
-    return np.asarray(run._embed(state.train.ref_params, jnp.asarray(tokens)))
+    return np.asarray(run.fns.embed(state.train.ref_params, jnp.asarray(tokens)))
 
 
 def test_bank_has_300_posts_over_12_topics(grounded):

@@ -219,7 +219,7 @@ def test_tool_call_rollout_counts_failures_by_kind():
     assert failure.shape == (1, c.agents.num_agents) and (failure == NO_JSON).all()
     assert not np.asarray(ro.parsed).any()
     t, b = failure.shape
-    view = run._view_fn(ro, jnp.zeros((t, b)), jnp.zeros((t, b, 3)), jnp.zeros(()))
+    view = run.fns.view(ro, jnp.zeros((t, b)), jnp.zeros((t, b, 3)), jnp.zeros(()))
     view = view.replace(failure=jnp.asarray([[NO_JSON, UNKNOWN, BAD, BAD] + [OK] * (b - 4)]),
                         parsed=jnp.asarray([[False] * 4 + [True] * (b - 4)]))
     m = run._metrics(view, {}, 1.0, 1.0)

@@ -45,11 +45,18 @@ class StepInfo:
     `like_delta[slot]` = net likes (agents + crowd) the post *now* in `slot` received this tick
     (0 for a slot overwritten this tick), so that likes within a horizon can be summed even after
     a post is evicted: reward(id) = sum over ticks t in [created, created + H) of
-    like_delta_t[id % P] (the slot still holds `id` during those ticks unless evicted)."""
+    like_delta_t[id % P] (the slot still holds `id` during those ticks unless evicted).
+    `engagement_delta` is the same bookkeeping for likes, reposts and comments, and
+    `follower_delta` / `crowd_posts` what the training loop's rewards and metrics read."""
     agent: ApplyInfo
     crowd: CrowdInfo
     like_delta: jax.Array  # [P] int32
     tick: jax.Array  # [] int32 the tick this step simulated (state.tick before the step)
+    # [P, 3] int32 (likes, reposts, comments) gained this tick by the post now in each slot
+    # (a post new in its slot counts from 0)
+    engagement_delta: jax.Array
+    follower_delta: jax.Array  # [A] int32 followers gained by each LLM agent (A = num_agents)
+    crowd_posts: jax.Array  # [] int32 posts the crowd created this tick
 
 
 def make_params(**overrides) -> SocialParams:
@@ -186,22 +193,34 @@ def step(key: jax.Array, state: SocialState, actions: ActionBatch | None, params
     """
     if actions is None:
         actions = empty_actions(0, params)
+    before = state
     tick = state.tick
     state, agent = apply_and_update(state, actions, params)
     state = search.deliver(state, actions, agent, params)
-    ids_after_agents = state.posts.id
     if params.crowd:
         state, crowd = crowd_step(key, state, params)
-        like_delta = jnp.where(state.posts.id != ids_after_agents, crowd.apply.like_delta,
-                               agent.like_delta + crowd.apply.like_delta)
     else:
         crowd = _empty_crowd_info(state)
-        like_delta = agent.like_delta
     posts = state.posts
     young = (posts.id >= 0) & (tick - posts.created_at < params.reward_horizon)
     posts = posts.replace(likes_h=jnp.where(young, posts.likes, posts.likes_h))
     state = state.replace(posts=posts, tick=tick + 1)
-    return state, StepInfo(agent=agent, crowd=crowd, like_delta=like_delta, tick=tick)
+    record = _engagement_record(before, state, params.num_agents)
+    return state, StepInfo(agent=agent, crowd=crowd, like_delta=record["engagement_delta"][:, 0],
+                           tick=tick, **record)
+
+
+def _engagement_record(before: SocialState, after: SocialState, num_agents: int) -> dict:
+    """StepInfo's engagement_delta [P, 3], follower_delta [A] and crowd_posts [] from the
+    states before and after a tick."""
+    counters = lambda p: jnp.stack([p.likes, p.reposts, p.comments], axis=-1)  # noqa: E731
+    new = after.posts.id != before.posts.id
+    delta = counters(after.posts) - jnp.where(new[:, None], 0, counters(before.posts))
+    a = num_agents
+    return dict(
+        engagement_delta=delta,
+        follower_delta=after.users.num_followers[:a] - before.users.num_followers[:a],
+        crowd_posts=jnp.sum(new & (after.posts.author >= a)).astype(jnp.int32))
 
 
 def feed(key: jax.Array, state: SocialState, users: jax.Array, params: SocialParams

@@ -100,7 +100,7 @@ def _abstract_weights(model_overrides: Optional[Dict[str, Any]] = None):
     set-up's eager forward passes (e.g. the post encoder's centre) return zeros of the right
     shape."""
     orig_load, orig_init = loop._load, loop.policy_lib.init_policy
-    orig_pooled = loop.SocialRL._pooled
+    orig_pooled = loop.epoch_lib.pooled_states
 
     def load(config):
         m = config.model
@@ -122,19 +122,20 @@ def _abstract_weights(model_overrides: Optional[Dict[str, Any]] = None):
         params, ref = jax.eval_shape(f, jax.random.key(0) if key is None else key)
         return box["pdef"], params, ref
 
-    def pooled(self, ref_params, content):
+    def pooled(graphdef, ref_params, content):
         if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(ref_params)):
-            out = jax.eval_shape(lambda r, c: orig_pooled(self, r, c), ref_params, content)
+            out = jax.eval_shape(lambda r, c: orig_pooled(graphdef, r, c), ref_params, content)
             return _unit_fill(out)
-        return orig_pooled(self, ref_params, content)
+        return orig_pooled(graphdef, ref_params, content)
 
-    loop._load, loop.policy_lib.init_policy, loop.SocialRL._pooled = load, init_policy, pooled
+    loop._load, loop.policy_lib.init_policy, loop.epoch_lib.pooled_states = (
+        load, init_policy, pooled)
     loop.jax = _JaxProxy(jax)
     try:
         yield
     finally:
         loop._load, loop.policy_lib.init_policy = orig_load, orig_init
-        loop.SocialRL._pooled = orig_pooled
+        loop.epoch_lib.pooled_states = orig_pooled
         loop.jax = jax
 
 

@@ -1,22 +1,22 @@
-"""One Social-RL epoch = rollout in the society (compiled) + social reward + PPO/GRPO update.
+"""One Social-RL run: host-side set-up and the epoch driver.
 
     run = SocialRL(config)                 # host-side set-up: model, tokenizer, society, PPO
     state = run.init_state()               # RunState: train state, society, key, epoch
     state, metrics, samples = run.run_epoch(state)
 
-Rollout (one jitted program, `lax.scan` over ticks): the LLM agents read their recommended feed,
-a prompt is assembled from pre-tokenized pieces (`social.prompting`), the policy generates their
-action (under the action grammar in `constrained` mode), the answer is parsed into a society
-action, the post text is embedded by the frozen reference model, the society applies the agents'
-actions and lets the crowd react. After the epoch's ticks, `reward.horizon - 1` crowd-only
-"settle" ticks let every post of the epoch see its full horizon. A post's score is the engagement
-it received within the horizon (`rl.rewards`), the trajectory that created it gets that score,
-and the update (PPO or GRPO) runs on all trajectories of the epoch. The reference model stays
-the initial policy.
+The epoch itself is pure functions built once from this set-up (`train.epoch.make_epoch`,
+`run.fns`): a rollout in the society (one `lax.scan` over ticks: feeds, prompts, generation,
+parsed actions, society steps, then crowd-only settle ticks), the social reward (engagement a
+post earned within `reward.horizon`), the scoring pass and the PPO / GRPO update. They compile
+into one donated program per epoch, or three (rollout, scoring, update) when a reward is
+computed on the host (the code bonus). The reference model stays the initial policy. This
+module keeps what runs on the host: set-up, the memory check, placement on the mesh, the code
+bonus, metrics, samples and export.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -25,90 +25,27 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import nnx, struct
+from flax import nnx
 
 from jaxsocial import models
-from jaxsocial.generation import grammar as grammar_lib
-from jaxsocial.generation.generate import generate_from_state
 from jaxsocial.generation.sampling import SamplingConfig
 from jaxsocial.models import checkpoint_hf, llama, zoo
-from jaxsocial.rl import buffer as buffer_lib
 from jaxsocial.rl import common as rl_common
 from jaxsocial.rl import grpo as grpo_lib
 from jaxsocial.rl import lora as lora_lib
 from jaxsocial.rl import optim
 from jaxsocial.rl import policy as policy_lib
 from jaxsocial.rl import ppo as ppo_lib
-from jaxsocial.rl import rewards as rewards_lib
-from jaxsocial.rl.state import TrainState
 from jaxsocial.social import activation, prompting, society, text_bank
 from jaxsocial.social.actions import ActionType
-from jaxsocial.social.state import SocialState, normalize
+from jaxsocial.social.state import normalize
 from jaxsocial.train import agent_actions, code_problems, config_check, memory, report, sharding
+from jaxsocial.train import epoch as epoch_lib
+from jaxsocial.train.epoch import EpochView, Rollout, RunState, make_epoch
+
+__all__ = ["EpochView", "Rollout", "RunState", "SocialRL"]
 
 Array = jax.Array
-
-
-@struct.dataclass
-class RunState:
-    """Everything a checkpoint holds: the RL train state, the society, the loop key, the epoch."""
-
-    train: TrainState
-    society: SocialState
-    key: Array    # uint32 [2] raw PRNG key data
-    epoch: Array  # int32: epochs completed
-
-
-@struct.dataclass
-class Rollout:
-    """Per tick t and acting agent b (leading dims [T, B], B = agents.active_per_tick), plus
-    per recorded tick (T agent ticks + S settle ticks); A = all LLM agents."""
-
-    agent: Array            # [T, B] int32 which agents acted (B = agents.active_per_tick)
-    prompt_ids: Array       # [T, B, Lp] int32
-    prompt_mask: Array      # [T, B, Lp] bool
-    tokens: Array           # [T, B, N] int32
-    logprobs: Array         # [T, B, N] float32
-    mask: Array             # [T, B, N] bool
-    action_type: Array      # [T, B] int32 parsed ActionType (MALFORMED if unparsable)
-    parsed: Array           # [T, B] bool
-    failure: Array          # [T, B] int32 agent_actions.FAIL_* (tool_call: by kind; else 0 / 1)
-    reason: Array           # [T, B] int32 society Reason for the applied action
-    created_id: Array       # [T, B] int32 post id created by the action, -1 if none
-    target: Array           # [T, B] int32 target post / user id of the action, -1 if none
-    target_author: Array    # [T, B] int32 author of the targeted feed post, -1 if none
-    embedding: Array        # [T, B, d] float32 frozen-encoder embedding of the answer's text
-    tick: Array             # [T] int32 society tick of each agent tick
-    deltas: Array           # [T + S, P, E] int32 engagement gained per slot per recorded tick
-    slot_ids: Array         # [T + S, P] int32 post id in each slot after each recorded tick
-    follower_delta: Array   # [T + S, A] int32 followers gained by each agent per recorded tick
-    crowd_posts: Array      # [T + S] int32 posts created by the crowd per recorded tick
-
-
-@struct.dataclass
-class EpochView:
-    """What an epoch's metrics and samples read, reduced on the device (`SocialRL._view_fn`):
-    per-trajectory scalars [T, B], the text of the first K posts in tick order
-    (K = train.text_metrics_posts) and the last tick's answers. The rollout's prompts, log-probs
-    and per-slot records stay on the device."""
-
-    agent: Array           # [T, B] int32
-    action_type: Array     # [T, B] int32
-    parsed: Array          # [T, B] bool
-    failure: Array         # [T, B] int32 agent_actions.FAIL_*
-    reason: Array          # [T, B] int32
-    created: Array         # [T, B] bool the action created a post / comment
-    score: Array           # [T, B] float32 trajectory score
-    engagement: Array      # [T, B, E] float32 engagement of the created post within the horizon
-    tokens: Array          # [] float32 response tokens generated in the epoch
-    crowd_posts: Array     # [] int32
-    post_index: Array      # [K] int32 flat index t * B + b of the first K posts, -1 padding
-    post_tokens: Array     # [K, N] int32
-    post_mask: Array       # [K, N] bool
-    post_embedding: Array  # [K, d] float32
-    last_tokens: Array     # [B, N] int32 the last agent tick's answers (samples)
-    last_mask: Array       # [B, N] bool
-    logprob_gap: Array     # [] float32
 
 
 def _load(config):
@@ -222,9 +159,10 @@ class SocialRL:
         self._check_memory(c)
         # The grammar enters each compiled program as an argument: closed over, XLA would bake
         # its [S, V] tables in as constants (and spend minutes constant-folding them).
-        self._rollout = _BindGrammar(jax.jit(self._rollout_fn), self.grammar)
-        self._score = _BindGrammar(jax.jit(self._score_fn), self.grammar)
-        self._view = jax.jit(self._view_fn)
+        self.fns = make_epoch(self)  # the epoch's pure functions (train.epoch)
+        self._rollout = _BindGrammar(jax.jit(self.fns.rollout), self.grammar)
+        self._score = _BindGrammar(jax.jit(self.fns.score), self.grammar)
+        self._view = jax.jit(self.fns.view)
         self._epoch = None  # built at the first epoch, with the state's shardings pinned
         self.epoch_trace_count = 0
 
@@ -253,7 +191,7 @@ class SocialRL:
         # make every post look alike to the crowd).
         # With a checkpoint they are cached on disk (crowd_text.cache; key: the checkpoint's
         # files, dtype, tokens) so later runs of the same model skip the pass.
-        pooled_jit = jax.jit(self._pooled)
+        pooled_jit = jax.jit(functools.partial(epoch_lib.pooled_states, self.pdef.graphdef))
         cache_key = cache_dir = None
         if c.model.checkpoint and t.get("cache", True):
             cache_key = repr(("pooled-v1", text_bank.files_key(c.model.checkpoint),
@@ -266,7 +204,8 @@ class SocialRL:
         long_tok = text_bank.tokenize(tok, list(corpus.interests) + list(personas))
         short = pooled(np.concatenate([post_tok, com_tok]))
         self.embed_center = jnp.asarray(short[:len(post_tok)].mean(0))
-        project = lambda h: np.asarray(self._project(jnp.asarray(h)))  # noqa: E731
+        project = lambda h: np.asarray(epoch_lib.project(  # noqa: E731
+            jnp.asarray(h), self.embed_center, self.projection))
         short_emb, long_emb = project(short), project(pooled(long_tok))
         post_emb, com_emb = short_emb[:len(post_tok)], short_emb[len(post_tok):]
         nd = len(corpus.interests)
@@ -367,136 +306,7 @@ class SocialRL:
                         key=rep, epoch=rep)
 
     # ------------------------------------------------------------------------------------------
-    # compiled pieces
-
-    def _pooled(self, ref_params, content: Array) -> Array:
-        """Mean of the reference model's final hidden states over the content tokens [B, H]."""
-        mask = content >= 0  # right-padded with PAD_TOKEN: padding never attended
-        out = nnx.merge(self.pdef.graphdef, ref_params).forward(jnp.maximum(content, 0), mask)
-        m = mask[..., None].astype(jnp.float32)
-        return (out.hidden.astype(jnp.float32) * m).sum(1) / jnp.maximum(m.sum(1), 1.0)
-
-    def _embed(self, ref_params, content: Array) -> Array:
-        """Frozen encoder: content [B, L] -> unit embeddings [B, d]:
-        normalize((pooled reference hidden - centre) @ fixed random projection)."""
-        return self._project(self._pooled(ref_params, content))
-
-    def _project(self, pooled: Array) -> Array:
-        """Pooled states [B, H] -> unit embeddings [B, d] (centre, project, normalize)."""
-        z = (pooled - self.embed_center) @ self.projection
-        return z / jnp.maximum(jnp.linalg.norm(z, axis=-1, keepdims=True), 1e-6)
-
-    def _counters(self, soc: SocialState) -> Array:
-        p = soc.posts
-        return jnp.stack([p.likes, p.reposts, p.comments], axis=-1)
-
-    def _record(self, before: SocialState, after: SocialState):
-        """Engagement gained during the tick per slot (a new post in a slot starts from 0)."""
-        same = (after.posts.id == before.posts.id)[:, None]
-        c_after, c_before = self._counters(after), self._counters(before)
-        deltas = jnp.where(same, c_after - c_before, c_after)
-        a = self.num_agents
-        followers = after.users.num_followers[:a] - before.users.num_followers[:a]
-        crowd_posts = jnp.sum((after.posts.id != before.posts.id) & (after.posts.author >= a))
-        return deltas, after.posts.id, followers, crowd_posts
-
-    def _rows_on_data_axes(self, tree):
-        """Inside jit: constrain every leaf's leading (row) dim to the data axes, where they
-        divide it (`sharding.tree_data_shardings`); a no-op on one device."""
-        if self.mesh.size == 1:
-            return tree
-        return jax.lax.with_sharding_constraint(
-            tree, sharding.tree_data_shardings(tree, self.mesh))
-
-    def _rollout_fn(self, params, ref_params, soc: SocialState, key: Array, grammar=None):
-        a = self.num_agents
-        weights = policy_lib.policy_weights(self.pdef, params, ref_params)
-        graphdef = self.pdef.graphdef
-
-        def agent_tick(carry, _):
-            soc, key = carry
-            key, k_act, k_feed, k_gen, k_step = jax.random.split(key, 5)
-            if self.activation is not None:  # by the hour's activity (OASIS's profiles)
-                hour = activation.hour_of_tick(soc.tick, self.social_params)
-                agents = activation.sample_active(
-                    k_act, jnp.asarray(self.activation)[:, hour], self.active)
-            elif self.active < a:  # a uniform random subset acts this tick
-                agents = jnp.sort(jax.random.permutation(k_act, a)[:self.active]).astype(jnp.int32)
-            else:
-                agents = jnp.arange(a, dtype=jnp.int32)
-            soc, feed = society.observe(k_feed, soc, agents, self.social_params)
-            feed_authors = jnp.where(feed.valid, soc.posts.author[feed.slots], -1)
-            view = prompting.feed_view(soc.posts, feed.slots, feed.valid,
-                                       self.social_params.feed_comments or None)
-            ids, mask = prompting.assemble(self.template, agents, view)
-            ids, mask = self._rows_on_data_axes((ids, mask))  # each device: its agents
-            out = generate_from_state(graphdef, weights, ids, mask, k_gen,
-                                                   self.sampling, grammar)
-            if self.tool_call:
-                parsed, failure = agent_actions.parse_tool_call(
-                    self.tools, out.tokens, out.mask, self.social_params.content_len)
-            else:
-                parsed = agent_actions.parse(self.vocab, out.tokens, out.mask,
-                                             self.social_params.content_len)
-                failure = jnp.where(parsed.parsed, agent_actions.FAIL_OK,
-                                    agent_actions.FAIL_NO_JSON).astype(jnp.int32)
-            emb = self._embed(ref_params, parsed.content)
-            acts = agent_actions.to_actions(parsed, agents, feed.ids, feed.valid,
-                                            feed_authors, emb, view.comment_ids)
-            before = soc
-            soc, info = society.step(k_step, soc, acts, self.social_params)
-            rec = self._record(before, soc)
-            ys = dict(agent=agents, prompt_ids=ids, prompt_mask=mask, tokens=out.tokens,
-                      logprobs=out.logprobs, mask=out.mask, action_type=parsed.type,
-                      parsed=parsed.parsed, failure=failure, reason=info.agent.reason,
-                      created_id=info.agent.created_id, tick=info.tick, target=acts.target,
-                      embedding=emb,
-                      target_author=jnp.where(parsed.feed_pos >= 0, jnp.take_along_axis(
-                          feed_authors, jnp.maximum(parsed.feed_pos, 0)[:, None], 1)[:, 0], -1))
-            return (soc, key), (ys, rec)
-
-        def settle_tick(carry, _):
-            soc, key = carry
-            key, k_step = jax.random.split(key)
-            before = soc
-            soc, _ = society.step(k_step, soc, None, self.social_params)
-            return (soc, key), self._record(before, soc)
-
-        (soc, key), (ys, rec) = jax.lax.scan(agent_tick, (soc, key), None,
-                                              length=int(self.config.rollout.ticks_per_epoch))
-        settle = int(self.config.reward.horizon) - 1 if self.config.reward.settle else 0
-        if settle > 0:
-            (soc, key), rec_s = jax.lax.scan(settle_tick, (soc, key), None, length=settle)
-            rec = jax.tree.map(lambda x, y: jnp.concatenate([x, y]), rec, rec_s)
-        deltas, slot_ids, follower_delta, crowd_posts = rec
-        return soc, Rollout(**ys, deltas=deltas, slot_ids=slot_ids,
-                            follower_delta=follower_delta, crowd_posts=crowd_posts)
-
-    def scores(self, ro: Rollout) -> Tuple[Array, Array]:
-        """Per-trajectory score [T, A] and per-post engagement [T, A, E] (0 where no post)."""
-        t, a = ro.created_id.shape
-        created = ro.created_id.reshape(-1)
-        created_tick = jnp.repeat(ro.tick, a)
-        eng = rewards_lib.engagement_within_horizon(created, created_tick, ro.deltas,
-                                                    ro.slot_ids, int(self.config.reward.horizon),
-                                                    first_tick=ro.tick[0])
-        r = self.config.reward
-        w = jnp.asarray([r.like, r.repost, r.comment], jnp.float32)
-        score = eng @ w
-        if r.new_followers:
-            authors = ro.agent.reshape(-1)
-            score += r.new_followers * rewards_lib.followers_within_horizon(
-                authors, created_tick, ro.follower_delta, int(r.horizon), ro.tick[0],
-                valid=created >= 0)
-        made = created >= 0
-        if r.get("non_post_baseline", False):
-            # Actions that create nothing earn the epoch's mean post score: posting pays only
-            # when the post beats the average (quality, not volume).
-            base = jnp.sum(jnp.where(made, score, 0.0)) / jnp.maximum(jnp.sum(made), 1)
-        else:
-            base = float(r.non_post)
-        score = jnp.where(made, score, base)
-        return score.reshape(t, a), eng.reshape(t, a, -1)
+    # host-side reward
 
     def code_bonus(self, ro: Rollout) -> np.ndarray:
         """Host side: [T, A] bonus for comments whose code passes the commented problem's tests.
@@ -518,28 +328,6 @@ class SocialRL:
         passed = code_problems.verify(texts, problems, float(c.timeout_s), int(c.memory_mb))
         bonus[tuple(idx.T)] = np.where(passed, float(c.bonus), 0.0)
         return bonus
-
-    def _score_fn(self, train: TrainState, ro: Rollout, bonus: Array, grammar=None):
-        score, eng = self.scores(ro)
-        score = score + bonus
-        score_n = rewards_lib.normalize_scores(score.reshape(-1), self.config.reward.normalize)
-        flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
-        batch = buffer_lib.make_trajectory(
-            flat(ro.prompt_ids), flat(ro.prompt_mask), flat(ro.tokens), flat(ro.mask),
-            scores=score_n)
-        if grammar is not None:
-            # FSM states [B, N] int32, never [B, N, V] masks: the loss rebuilds each chunk's
-            # allowed set from the grammar tables.
-            batch = batch.replace(fsm_states=grammar_lib.step_states(
-                grammar, batch.response_tokens, batch.response_mask))
-        batch = self._rows_on_data_axes(batch)  # each device scores its share of the rows
-        lp, ref, values = policy_lib.score_batch(self.pdef, train.params, train.ref_params, batch,
-                                                 self.rl_config, grammar)
-        batch = batch.replace(old_logprobs=lp, ref_logprobs=ref, values=values)
-        # How far the rollout's own log-probs are from the re-scored ones (should be ~0).
-        logprob_gap = jnp.max(jnp.abs(jnp.where(batch.response_mask,
-                                                lp - flat(ro.logprobs), 0.0)))
-        return batch, score, eng, logprob_gap
 
     # ------------------------------------------------------------------------------------------
     # one epoch
@@ -576,20 +364,9 @@ class SocialRL:
         return self.place(new), metrics, self._samples(view, metrics["epoch"])
 
     def _epoch_fn(self, state: RunState, grammar=None):
-        """The whole epoch as one program: rollout, scores, scoring pass, update, and the
-        metrics' view. Same keys and steps as the three-program path of `run_epoch`."""
+        """`fns.epoch`, counting its traces (one per compiled epoch shape)."""
         self.epoch_trace_count += 1
-        key = jax.random.wrap_key_data(state.key)
-        key, k_roll = jax.random.split(key)
-        soc, ro = self._rollout_fn(state.train.params, state.train.ref_params, state.society,
-                                   k_roll, grammar=grammar)
-        no_bonus = jnp.zeros(ro.created_id.shape, jnp.float32)
-        batch, score, eng, gap = self._score_fn(state.train, ro, no_bonus, grammar=grammar)
-        batch = self._rows_on_data_axes(batch)  # as run_epoch's put_global: the scored fields too
-        train, upd = self.update.fn(state.train, batch, grammar)
-        new = RunState(train=train, society=soc, key=jax.random.key_data(key),
-                       epoch=state.epoch + 1)
-        return new, upd, self._view_fn(ro, score, eng, gap)
+        return self.fns.epoch(state, grammar)
 
     def epoch_program(self, state: RunState):
         """The jitted one-program epoch `f(state, grammar) -> (state, update metrics,
@@ -612,26 +389,6 @@ class SocialRL:
         metrics = self._metrics(view, upd, wall, wall)
         metrics["epoch"] = int(sharding.to_host(new.epoch))
         return new, metrics, self._samples(view, metrics["epoch"])
-
-    def _view_fn(self, ro: Rollout, score: Array, eng: Array, gap: Array) -> EpochView:
-        """Reduce the epoch to what `_metrics` and `_samples` read (on the device)."""
-        t, b = ro.created_id.shape
-        created = ro.created_id >= 0
-        is_post = created & ((ro.action_type == int(ActionType.CREATE_POST))
-                             | (ro.action_type == int(ActionType.QUOTE_POST)))
-        k = min(int(self.config.train.get("text_metrics_posts", 4096)), t * b)
-        (idx,) = jnp.nonzero(is_post.reshape(-1), size=k, fill_value=-1)
-        safe = jnp.maximum(idx, 0)
-        keep = (idx >= 0)[:, None]
-        flat = lambda x: x.reshape((t * b,) + x.shape[2:])[safe]  # noqa: E731
-        return EpochView(
-            agent=ro.agent, action_type=ro.action_type, parsed=ro.parsed, failure=ro.failure,
-            reason=ro.reason,
-            created=created, score=score, engagement=eng.astype(jnp.float32),
-            tokens=jnp.sum(ro.mask).astype(jnp.float32), crowd_posts=jnp.sum(ro.crowd_posts),
-            post_index=idx.astype(jnp.int32), post_tokens=jnp.where(keep, flat(ro.tokens), 0),
-            post_mask=keep & flat(ro.mask), post_embedding=jnp.where(keep, flat(ro.embedding), 0),
-            last_tokens=ro.tokens[-1], last_mask=ro.mask[-1], logprob_gap=gap)
 
     def _metrics(self, v: EpochView, upd, wall, t_roll) -> Dict[str, Any]:
         created = np.asarray(v.created)

@@ -1,0 +1,311 @@
+"""One Social-RL epoch as pure functions over explicit pytrees (purejaxrl's `make_train` shape).
+
+    run = loop.SocialRL(config)           # host-side set-up: model, tokenizer, text, society
+    fns = make_epoch(run)                 # (SocialRL builds it once as `run.fns`)
+    state, update_metrics, view = jax.jit(fns.epoch)(state, grammar)
+
+`make_epoch` reads the set-up once (templates, action vocabularies, sampling, the update, the
+society's knobs, the frozen encoder's centre and projection) and returns closures that hold
+those values and nothing mutable:
+
+- `rollout(params, ref_params, society, key, grammar) -> (society, Rollout)`: a `lax.scan` over
+  the epoch's ticks. The LLM agents read their feed, the policy answers (under the action
+  grammar in `constrained` mode), the answer is parsed into society actions, the society steps
+  (`society.step` reports each tick's engagement and follower deltas), then `reward.horizon - 1`
+  crowd-only "settle" ticks let every post of the epoch see its full horizon;
+- `scores(Rollout) -> (score [T, B], engagement [T, B, E])`: the social reward;
+- `score(train, Rollout, bonus, grammar) -> (Trajectory, score, engagement, logprob_gap)`: the
+  scoring pass (policy and reference log-probs, values) over the epoch's trajectories;
+- `update(train, Trajectory, grammar) -> (train, metrics)`: PPO or GRPO (`rl.ppo` / `rl.grpo`);
+- `view(Rollout, score, engagement, gap) -> EpochView`: what metrics and samples read;
+- `epoch(RunState, grammar) -> (RunState, update metrics, EpochView)`: all of the above.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from jaxsocial.generation import grammar as grammar_lib
+from jaxsocial.generation.generate import generate_from_state
+from jaxsocial.rl import buffer as buffer_lib
+from jaxsocial.rl import policy as policy_lib
+from jaxsocial.rl import rewards as rewards_lib
+from jaxsocial.rl.state import TrainState
+from jaxsocial.social import activation, prompting, society
+from jaxsocial.social.actions import ActionType
+from jaxsocial.social.state import SocialState
+from jaxsocial.train import agent_actions, sharding
+
+Array = jax.Array
+
+
+@struct.dataclass
+class RunState:
+    """Everything a checkpoint holds: the RL train state, the society, the loop key, the epoch."""
+
+    train: TrainState
+    society: SocialState
+    key: Array    # uint32 [2] raw PRNG key data
+    epoch: Array  # int32: epochs completed
+
+
+@struct.dataclass
+class Rollout:
+    """Per tick t and acting agent b (leading dims [T, B], B = agents.active_per_tick), plus
+    per recorded tick (T agent ticks + S settle ticks); A = all LLM agents."""
+
+    agent: Array            # [T, B] int32 which agents acted (B = agents.active_per_tick)
+    prompt_ids: Array       # [T, B, Lp] int32
+    prompt_mask: Array      # [T, B, Lp] bool
+    tokens: Array           # [T, B, N] int32
+    logprobs: Array         # [T, B, N] float32
+    mask: Array             # [T, B, N] bool
+    action_type: Array      # [T, B] int32 parsed ActionType (MALFORMED if unparsable)
+    parsed: Array           # [T, B] bool
+    failure: Array          # [T, B] int32 agent_actions.FAIL_* (tool_call: by kind; else 0 / 1)
+    reason: Array           # [T, B] int32 society Reason for the applied action
+    created_id: Array       # [T, B] int32 post id created by the action, -1 if none
+    target: Array           # [T, B] int32 target post / user id of the action, -1 if none
+    target_author: Array    # [T, B] int32 author of the targeted feed post, -1 if none
+    embedding: Array        # [T, B, d] float32 frozen-encoder embedding of the answer's text
+    tick: Array             # [T] int32 society tick of each agent tick
+    deltas: Array           # [T + S, P, E] int32 engagement gained per slot per recorded tick
+    slot_ids: Array         # [T + S, P] int32 post id in each slot after each recorded tick
+    follower_delta: Array   # [T + S, A] int32 followers gained by each agent per recorded tick
+    crowd_posts: Array      # [T + S] int32 posts created by the crowd per recorded tick
+
+
+@struct.dataclass
+class EpochView:
+    """What an epoch's metrics and samples read, reduced on the device (`EpochFns.view`):
+    per-trajectory scalars [T, B], the text of the first K posts in tick order
+    (K = train.text_metrics_posts) and the last tick's answers. The rollout's prompts, log-probs
+    and per-slot records stay on the device."""
+
+    agent: Array           # [T, B] int32
+    action_type: Array     # [T, B] int32
+    parsed: Array          # [T, B] bool
+    failure: Array         # [T, B] int32 agent_actions.FAIL_*
+    reason: Array          # [T, B] int32
+    created: Array         # [T, B] bool the action created a post / comment
+    score: Array           # [T, B] float32 trajectory score
+    engagement: Array      # [T, B, E] float32 engagement of the created post within the horizon
+    tokens: Array          # [] float32 response tokens generated in the epoch
+    crowd_posts: Array     # [] int32
+    post_index: Array      # [K] int32 flat index t * B + b of the first K posts, -1 padding
+    post_tokens: Array     # [K, N] int32
+    post_mask: Array       # [K, N] bool
+    post_embedding: Array  # [K, d] float32
+    last_tokens: Array     # [B, N] int32 the last agent tick's answers (samples)
+    last_mask: Array       # [B, N] bool
+    logprob_gap: Array     # [] float32
+
+
+class EpochFns(NamedTuple):
+    """The pure functions of one epoch (see the module docstring for their signatures)."""
+
+    embed: Callable
+    rollout: Callable
+    scores: Callable
+    score: Callable
+    update: Callable
+    view: Callable
+    epoch: Callable
+
+
+def pooled_states(graphdef, ref_params, content: Array) -> Array:
+    """Mean of the reference model's final hidden states over the content tokens: content
+    [B, L] int32 (right-padded with -1, never attended) -> [B, H] float32."""
+    mask = content >= 0
+    out = nnx.merge(graphdef, ref_params).forward(jnp.maximum(content, 0), mask)
+    m = mask[..., None].astype(jnp.float32)
+    return (out.hidden.astype(jnp.float32) * m).sum(1) / jnp.maximum(m.sum(1), 1.0)
+
+
+def project(pooled: Array, center: Array, projection: Array) -> Array:
+    """Pooled states [B, H] -> unit embeddings [B, d]: normalize((pooled - center) @
+    projection [H, d])."""
+    z = (pooled - center) @ projection
+    return z / jnp.maximum(jnp.linalg.norm(z, axis=-1, keepdims=True), 1e-6)
+
+
+def rows_on_data_axes(tree, mesh):
+    """Inside jit: constrain every leaf's leading (row) dim to the mesh's data axes, where they
+    divide it (`sharding.tree_data_shardings`); a no-op on one device."""
+    if mesh.size == 1:
+        return tree
+    return jax.lax.with_sharding_constraint(tree, sharding.tree_data_shardings(tree, mesh))
+
+
+def make_epoch(run) -> EpochFns:
+    """The epoch's pure functions from a run's set-up (`loop.SocialRL`: its config, policy
+    definition, templates, vocabularies, sampling, update, society knobs, encoder)."""
+    c = run.config
+    r = c.reward
+    mesh, pdef, sp = run.mesh, run.pdef, run.social_params
+    num_agents, active = run.num_agents, run.active
+    weights_of_hour = None if run.activation is None else jnp.asarray(run.activation)
+    template, vocab, tools, tool_call = run.template, run.vocab, run.tools, run.tool_call
+    sampling, rl_config, compiled_update = run.sampling, run.rl_config, run.update
+    center, projection = run.embed_center, run.projection
+    ticks = int(c.rollout.ticks_per_epoch)
+    horizon = int(r.horizon)
+    settle = horizon - 1 if r.settle else 0
+    reward_weights = (float(r.like), float(r.repost), float(r.comment))
+    new_followers = float(r.new_followers)
+    non_post_baseline = bool(r.get("non_post_baseline", False))
+    non_post, normalize = float(r.non_post), r.normalize
+    text_posts = int(c.train.get("text_metrics_posts", 4096))
+
+    def embed(ref_params, content: Array) -> Array:
+        """Frozen encoder: content [B, L] -> unit embeddings [B, d]."""
+        return project(pooled_states(pdef.graphdef, ref_params, content), center, projection)
+
+    def record(soc: SocialState, info: society.StepInfo):
+        return info.engagement_delta, soc.posts.id, info.follower_delta, info.crowd_posts
+
+    def acting_agents(key, soc: SocialState) -> Array:
+        """[B] int32: by the hour's activity (OASIS's profiles), a uniform random subset, or
+        all agents."""
+        if weights_of_hour is not None:
+            hour = activation.hour_of_tick(soc.tick, sp)
+            return activation.sample_active(key, weights_of_hour[:, hour], active)
+        if active < num_agents:
+            return jnp.sort(jax.random.permutation(key, num_agents)[:active]).astype(jnp.int32)
+        return jnp.arange(num_agents, dtype=jnp.int32)
+
+    def rollout(params, ref_params, soc: SocialState, key: Array, grammar=None):
+        weights = policy_lib.policy_weights(pdef, params, ref_params)
+
+        def agent_tick(carry, _):
+            soc, key = carry
+            key, k_act, k_feed, k_gen, k_step = jax.random.split(key, 5)
+            agents = acting_agents(k_act, soc)
+            soc, feed = society.observe(k_feed, soc, agents, sp)
+            feed_authors = jnp.where(feed.valid, soc.posts.author[feed.slots], -1)
+            view = prompting.feed_view(soc.posts, feed.slots, feed.valid,
+                                       sp.feed_comments or None)
+            ids, mask = prompting.assemble(template, agents, view)
+            ids, mask = rows_on_data_axes((ids, mask), mesh)  # each device: its agents
+            out = generate_from_state(pdef.graphdef, weights, ids, mask, k_gen, sampling,
+                                      grammar)
+            if tool_call:
+                parsed, failure = agent_actions.parse_tool_call(tools, out.tokens, out.mask,
+                                                                sp.content_len)
+            else:
+                parsed = agent_actions.parse(vocab, out.tokens, out.mask, sp.content_len)
+                failure = jnp.where(parsed.parsed, agent_actions.FAIL_OK,
+                                    agent_actions.FAIL_NO_JSON).astype(jnp.int32)
+            emb = embed(ref_params, parsed.content)
+            acts = agent_actions.to_actions(parsed, agents, feed.ids, feed.valid,
+                                            feed_authors, emb, view.comment_ids)
+            soc, info = society.step(k_step, soc, acts, sp)
+            ys = dict(agent=agents, prompt_ids=ids, prompt_mask=mask, tokens=out.tokens,
+                      logprobs=out.logprobs, mask=out.mask, action_type=parsed.type,
+                      parsed=parsed.parsed, failure=failure, reason=info.agent.reason,
+                      created_id=info.agent.created_id, tick=info.tick, target=acts.target,
+                      embedding=emb,
+                      target_author=jnp.where(parsed.feed_pos >= 0, jnp.take_along_axis(
+                          feed_authors, jnp.maximum(parsed.feed_pos, 0)[:, None], 1)[:, 0], -1))
+            return (soc, key), (ys, record(soc, info))
+
+        def settle_tick(carry, _):
+            soc, key = carry
+            key, k_step = jax.random.split(key)
+            soc, info = society.step(k_step, soc, None, sp)
+            return (soc, key), record(soc, info)
+
+        (soc, key), (ys, rec) = jax.lax.scan(agent_tick, (soc, key), None, length=ticks)
+        if settle > 0:
+            (soc, key), rec_s = jax.lax.scan(settle_tick, (soc, key), None, length=settle)
+            rec = jax.tree.map(lambda x, y: jnp.concatenate([x, y]), rec, rec_s)
+        deltas, slot_ids, follower_delta, crowd_posts = rec
+        return soc, Rollout(**ys, deltas=deltas, slot_ids=slot_ids,
+                            follower_delta=follower_delta, crowd_posts=crowd_posts)
+
+    def scores(ro: Rollout):
+        """Per-trajectory score [T, B] and per-post engagement [T, B, E] (0 where no post)."""
+        t, b = ro.created_id.shape
+        created = ro.created_id.reshape(-1)
+        created_tick = jnp.repeat(ro.tick, b)
+        eng = rewards_lib.engagement_within_horizon(created, created_tick, ro.deltas,
+                                                    ro.slot_ids, horizon, first_tick=ro.tick[0])
+        score = eng @ jnp.asarray(reward_weights, jnp.float32)
+        if new_followers:
+            score += new_followers * rewards_lib.followers_within_horizon(
+                ro.agent.reshape(-1), created_tick, ro.follower_delta, horizon, ro.tick[0],
+                valid=created >= 0)
+        made = created >= 0
+        if non_post_baseline:
+            # Actions that create nothing earn the epoch's mean post score: posting pays only
+            # when the post beats the average (quality, not volume).
+            base = jnp.sum(jnp.where(made, score, 0.0)) / jnp.maximum(jnp.sum(made), 1)
+        else:
+            base = non_post
+        score = jnp.where(made, score, base)
+        return score.reshape(t, b), eng.reshape(t, b, -1)
+
+    def score(train: TrainState, ro: Rollout, bonus: Array, grammar=None):
+        s, eng = scores(ro)
+        s = s + bonus
+        s_n = rewards_lib.normalize_scores(s.reshape(-1), normalize)
+        flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
+        batch = buffer_lib.make_trajectory(
+            flat(ro.prompt_ids), flat(ro.prompt_mask), flat(ro.tokens), flat(ro.mask),
+            scores=s_n)
+        if grammar is not None:
+            # FSM states [B, N] int32, never [B, N, V] masks: the loss rebuilds each chunk's
+            # allowed set from the grammar tables.
+            batch = batch.replace(fsm_states=grammar_lib.step_states(
+                grammar, batch.response_tokens, batch.response_mask))
+        batch = rows_on_data_axes(batch, mesh)  # each device scores its share of the rows
+        lp, ref, values = policy_lib.score_batch(pdef, train.params, train.ref_params, batch,
+                                                 rl_config, grammar)
+        batch = batch.replace(old_logprobs=lp, ref_logprobs=ref, values=values)
+        # How far the rollout's own log-probs are from the re-scored ones (should be ~0).
+        gap = jnp.max(jnp.abs(jnp.where(batch.response_mask, lp - flat(ro.logprobs), 0.0)))
+        return batch, s, eng, gap
+
+    def update(train: TrainState, batch, grammar=None):
+        return compiled_update.fn(train, batch, grammar)
+
+    def view(ro: Rollout, s: Array, eng: Array, gap: Array) -> EpochView:
+        """Reduce the epoch to what the host's metrics and samples read."""
+        t, b = ro.created_id.shape
+        created = ro.created_id >= 0
+        is_post = created & ((ro.action_type == int(ActionType.CREATE_POST))
+                             | (ro.action_type == int(ActionType.QUOTE_POST)))
+        k = min(text_posts, t * b)
+        (idx,) = jnp.nonzero(is_post.reshape(-1), size=k, fill_value=-1)
+        safe = jnp.maximum(idx, 0)
+        keep = (idx >= 0)[:, None]
+        flat = lambda x: x.reshape((t * b,) + x.shape[2:])[safe]  # noqa: E731
+        return EpochView(
+            agent=ro.agent, action_type=ro.action_type, parsed=ro.parsed, failure=ro.failure,
+            reason=ro.reason, created=created, score=s, engagement=eng.astype(jnp.float32),
+            tokens=jnp.sum(ro.mask).astype(jnp.float32), crowd_posts=jnp.sum(ro.crowd_posts),
+            post_index=idx.astype(jnp.int32), post_tokens=jnp.where(keep, flat(ro.tokens), 0),
+            post_mask=keep & flat(ro.mask), post_embedding=jnp.where(keep, flat(ro.embedding), 0),
+            last_tokens=ro.tokens[-1], last_mask=ro.mask[-1], logprob_gap=gap)
+
+    def epoch(state: RunState, grammar=None):
+        """Rollout, scores, scoring pass, update and the metrics' view: the same keys and steps
+        as the three-program path (`SocialRL.run_epoch` with a host-side reward)."""
+        key = jax.random.wrap_key_data(state.key)
+        key, k_roll = jax.random.split(key)
+        soc, ro = rollout(state.train.params, state.train.ref_params, state.society, k_roll,
+                          grammar=grammar)
+        no_bonus = jnp.zeros(ro.created_id.shape, jnp.float32)
+        batch, s, eng, gap = score(state.train, ro, no_bonus, grammar=grammar)
+        batch = rows_on_data_axes(batch, mesh)  # as run_epoch's put_global: the scored fields too
+        train, upd = update(state.train, batch, grammar)
+        new = RunState(train=train, society=soc, key=jax.random.key_data(key),
+                       epoch=state.epoch + 1)
+        return new, upd, view(ro, s, eng, gap)
+
+    return EpochFns(embed=embed, rollout=rollout, scores=scores, score=score, update=update,
+                    view=view, epoch=epoch)
