@@ -3,7 +3,7 @@
     python benchmarks/crowd_text_topics.py --model tiny --content_len 12     # the demo's encoder
     python benchmarks/crowd_text_topics.py --model smol --content_len 32     # SmolLM2-135M-Instruct
 
-The encoder is the loop's (`train.loop.SocialRL._pooled / _project`): mean of the model's final
+The encoder is the loop's (`train.epoch.pooled_states / project`): mean of the model's final
 hidden states over a text's tokens, minus the mean over the post bank, times a fixed random
 projection to d (seed 7919, as the loop with config.seed = 0), normalised; d = the full hidden
 size means no projection. For the packaged corpus (`jaxsocial/assets/crowd_posts.json`) it

@@ -3,7 +3,7 @@
 The society compares embeddings; the LLM agents read tokens. A `CrowdText` ties the two: banks of
 real short texts (`jaxsocial/assets/crowd_posts.json`, written for the project: 14 topics, per
 topic 4 interest descriptions, 24 posts and 10 comments), tokenized once and embedded once by
-the frozen encoder (`train.loop.SocialRL._embed`). Held in `SocialState.text`, it makes
+the frozen encoder (`train.epoch`: `EpochFns.embed`). Held in `SocialState.text`, it makes
 
 - a seed or crowd **post** copy the tokens and embedding of a bank post drawn by its author's
   interest: Gumbel-max over `cos(interest, bank.embedding) / temperature`;
