@@ -414,15 +414,27 @@ def _reddit_fast(key, state: SocialState, u, seen, params: SocialParams):
     pid = posts.id[pslot]
     c = pid.shape[0]
 
-    # exploration draws (as _recommend's): swapped slots, random posts
-    swap = jax.random.uniform(k_exp, (b, k)) < params.explore_frac
-    rid = lo + jnp.floor(jax.random.uniform(k_exp2, (b, k)) * span).astype(jnp.int32)
-    rid = jnp.where(span > 0, jnp.minimum(rid, posts.next_id - 1), EMPTY)
-    # (materialized once: fused into consumers, XLA:CPU would recompute the random bits)
-    swap, rid = jax.lax.optimization_barrier((swap, rid))
+    # exploration draws, as _recommend's: swapped slots, and random posts (`random_post`) where
+    # swapped -- the [B, K] uniforms elementwise when `_uniform_at` can reproduce them
+    flat = jnp.arange(b, dtype=jnp.int32)[:, None] * k + jnp.arange(k, dtype=jnp.int32)[None]
+    at_ok = _uniform_at_ok(k_exp) and _uniform_at_ok(k_exp2) and b * k < 2 ** 31
+
+    def random_post(r):  # uniforms [..] -> random post ids, EMPTY where none
+        rid = lo + jnp.floor(r * span).astype(jnp.int32)
+        return jnp.where(span > 0, jnp.minimum(rid, posts.next_id - 1), EMPTY)
+
+    swap = (_uniform_at(k_exp, flat) if at_ok else jax.random.uniform(k_exp, (b, k))
+            ) < params.explore_frac
+    swap = _materialized(swap, posts.next_id >= 0)
     e = _explore_slots(k)
-    at = _first_true(swap, _prefix_count(swap), e, k)  # [B, E] swapped slots, k = none
-    rc = jnp.where(at < k, jnp.take_along_axis(rid, jnp.minimum(at, k - 1), axis=1), EMPTY)
+    # [B, E] swapped slots in order, k = none: the (e+1)-th swap is at #{j : swaps <= j are e}
+    at = _count_le(_prefix_count(swap), jnp.arange(e, dtype=jnp.int32)[None])
+    at_c = jnp.minimum(at, k - 1)
+    if at_ok:
+        rc = random_post(_uniform_at(k_exp2, jnp.take_along_axis(flat, at_c, axis=1)))
+    else:
+        rc = jnp.take_along_axis(random_post(jax.random.uniform(k_exp2, (b, k))), at_c, axis=1)
+    rc = jnp.where(at < k, rc, EMPTY)
     rc = jnp.where(posts.alive(rc) & (posts.kind[posts.slot(rc)] != PostKind.COMMENT), rc,
                    EMPTY)
     # pool index of each random post (c = not in the pool): where the feed may show it too
@@ -443,6 +455,7 @@ def _reddit_fast(key, state: SocialState, u, seen, params: SocialParams):
         # the feed shows the same post at jpos (not swapped away): the later of the two goes
         shown = (jpos < k) & ~jnp.take_along_axis(swap, jnp.minimum(jpos, k - 1), axis=1)
         bad = bad | (shown & (jpos < at))
+        bad, shown = _materialized((bad, shown), posts.next_id >= 0)
         gone = jnp.concatenate([jnp.where(bad, at, k), jnp.where(shown & (jpos > at), jpos, k)],
                                axis=1)  # [B, 2E] slots to drop
         rows = jnp.arange(b)[:, None]
@@ -452,6 +465,7 @@ def _reddit_fast(key, state: SocialState, u, seen, params: SocialParams):
         return ids, jnp.where(drop | (ids < 0), _NEG, score)
 
     def dense(ids, score):
+        rid = random_post(jax.random.uniform(k_exp2, (b, k)))
         rok = posts.alive(rid) & (posts.kind[posts.slot(rid)] != PostKind.COMMENT)
         ids = jnp.where(swap, jnp.where(rok, rid, EMPTY), ids)
         score = jnp.where(swap, jnp.where(rok, -1e9, _NEG), score)
@@ -460,6 +474,52 @@ def _reddit_fast(key, state: SocialState, u, seen, params: SocialParams):
     n_swap = jnp.max(jnp.sum(swap, axis=1))
     return jax.lax.switch(jnp.where(n_swap == 0, 0, jnp.where(n_swap <= e, 1, 2)),
                           [lambda i, s: (i, s), sparse, dense], ids, score)
+
+
+_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def _threefry2x32(k0, k1, x0, x1):
+    """Threefry-2x32, 20 rounds (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3",
+    2011) of the uint32 counter pairs (x0, x1) under the key (k0, k1), written out elementwise:
+    XLA fuses it into one loop, where XLA:CPU runs jax.random's as a rolled loop over `[B, K]`
+    buffers (memory bound at 1e5 users)."""
+    ks = (k0, k1, k0 ^ k1 ^ jnp.uint32(0x1BD11BDA))
+    x0, x1 = x0 + ks[0], x1 + ks[1]
+    for i in range(5):
+        for r in _THREEFRY_ROTATIONS[i % 2]:
+            x0 = x0 + x1
+            x1 = ((x1 << jnp.uint32(r)) | (x1 >> jnp.uint32(32 - r))) ^ x0
+        x0 = x0 + ks[(i + 1) % 3]
+        x1 = x1 + ks[(i + 2) % 3] + jnp.uint32(i + 1)
+    return x0, x1
+
+
+def _uniform_at_ok(key) -> bool:
+    """Whether `_uniform_at` reproduces `jax.random.uniform` for `key` (a threefry key under
+    jax_threefry_partitionable, JAX's default since 0.5)."""
+    return (bool(jax.config.jax_threefry_partitionable)
+            and "threefry2x32" in str(jax.random.key_impl(key)))
+
+
+def _uniform_at(key, flat):
+    """`jax.random.uniform(key, shape)` (float32, [0, 1)) at the row-major flat indices
+    `flat` (int32, any shape) of `shape`, without drawing the rest: under partitionable
+    threefry element i hashes the counter (0, i) (shapes under 2**32 elements), and its float
+    is the top 23 bits as the mantissa of a number in [1, 2), minus 1."""
+    kd = jax.random.key_data(key)
+    b0, b1 = _threefry2x32(kd[0], kd[1], jnp.zeros(flat.shape, jnp.uint32),
+                           flat.astype(jnp.uint32))
+    bits = (b0 ^ b1) >> jnp.uint32(9) | jnp.uint32(0x3F800000)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32) - 1.0
+
+
+def _materialized(x, true):
+    """`x` (a pytree), computed into buffers once: XLA fuses a cheap elementwise producer into
+    each of its consumers, recomputing it (a fused threefry, once per level of an associative
+    scan), and XLA:CPU drops `optimization_barrier`; a conditional's operands are buffers.
+    `true`: a traced predicate that holds (not constant-folded)."""
+    return jax.lax.cond(true, lambda y: y, lambda y: jax.tree.map(jnp.zeros_like, y), x)
 
 
 def _any_eq(a, b):
@@ -551,8 +611,8 @@ def _reddit_feed(state: SocialState, u, seen, pid, pscore, inv, params: SocialPa
     cut = jnp.minimum(cut, n_live - 1)
     mpos, over_m = author_posts(state.graph.muted[u])
     over = over | over_m
-    excl = _dedupe(jnp.concatenate([excl, jnp.where(mpos <= cut[:, None], mpos, none)],
-                                   axis=1), none)
+    mpos = _dedupe(jnp.where(mpos <= cut[:, None], mpos, none), none)
+    excl = jnp.concatenate([excl, jnp.where(_any_eq(mpos, excl), none, mpos)], axis=1)
     pos = _nth_kept(excl, jnp.arange(k, dtype=jnp.int32)[None], none)  # [B, K]
     q = jnp.where(pos <= cut[:, None], pos, c)
     pr_ok = (probe <= cut[:, None]) & ~_any_eq(probe, excl)
