@@ -26,15 +26,16 @@ Recommender alone, every user, against OASIS (issue #19):
 builds N users x N posts (configs/million.py's society, feed_size = k; every user muting one
 random author and having seen its first feed -- `mark_seen` of one `recommend` round, so the
 seen ring is full of top posts), then times `recsys.recommend` for all N users at once (jitted,
-compile excluded, median of `--calls` calls; no chunking: its largest intermediates are
-`[N, K + overfetch + S + 8]`).  reddit also times, in the same process, the per-user top-k path
-the sorted-pool path replaced (`recsys._recommend(..., sorted_pool=False)`, "topk_s") and a
-NumPy / standard-library rendering of OASIS's reddit recommender over the same posts: parse
-every post's creation time from its sqlite-style string ("%Y-%m-%d %H:%M:%S.%f", one
-`datetime.strptime` per post, as OASIS reads its post table), hot score (NumPy, rounded to 7
-decimals), one `heapq.nlargest` top-k, the same list handed to every user (`[top] * N`, the rec
-matrix OASIS returns) -- "oasis_s"; "oasis_rows_s" adds building the N * k (user, post) rows
-OASIS then inserts into its rec table (the sqlite insert itself not counted).
+compile excluded, median of `--calls` calls; no chunking: reddit's largest intermediates are
+`[N, K]` and `[N, S + 20]`, about 40 MB each at 1e5).  reddit also times, in the same process,
+the per-user top-k path the sorted-pool path replaced ("topk_s",
+`recsys._recommend(..., sorted_pool=False)`) and a NumPy / standard-library rendering of
+OASIS's reddit recommender over the same posts: parse every post's creation time from its
+sqlite-style string ("%Y-%m-%d %H:%M:%S.%f", one `datetime.strptime` per post, as OASIS reads
+its post table), hot score (NumPy, rounded to 7 decimals), one `heapq.nlargest` top-k, the same
+list handed to every user (`[top] * N`, the rec matrix OASIS returns) -- "oasis_s";
+"oasis_rows_s" adds building the N * k (user, post) rows OASIS then inserts into its rec table
+(the sqlite insert itself not counted).
 ratio = oasis_s / ours_s (>= 1: ours is faster).  One process per N.
 """
 from __future__ import annotations
@@ -140,7 +141,8 @@ def measure_recsys(n: int, k: int, recsys_name: str, calls: int) -> dict:
     from jaxsocial.social.state import PostKind
 
     cfg = dict(_config(n))
-    params = society.make_params(**{**cfg, "recsys": recsys_name, "feed_size": k, "num_seed_posts": n,
+    params = society.make_params(**{**cfg, "recsys": recsys_name, "feed_size": k,
+                                    "num_seed_posts": n,  # N users x N posts
                                     "pool_size": max(cfg["pool_size"], k + cfg["overfetch"])})
     state = society.reset(jax.random.key(0), params)
     users = jnp.arange(n, dtype=jnp.int32)

@@ -8,7 +8,9 @@ Every recommender scores a candidate set per user and keeps the top K:
 so the cost is O(P + B (C + I) d) -- never a dense users x posts matrix.  Then a cheap pass over
 the top `K + overfetch` drops duplicates and posts by muted authors and keeps the best K.  Posts
 already shown to the user (its seen ring) are excluded or down-weighted per `seen_policy` before
-the top-k, by binary search of the seen ids in the shared pool (O(B S log C)).
+the top-k, by binary search of the seen ids in the shared pool (O(B S log C)).  reddit's pool is
+one hot-score order shared by all users, so its feeds skip the per-user top-k: each is the first
+pool entries passing the user's filters (`_reddit_fast`, O(B (K + S) D) with D ~ S + 5 M).
 """
 from __future__ import annotations
 
@@ -372,7 +374,7 @@ _AUTHOR_POSTS = 4  # an author's posts in the head looked up per own / muted aut
 
 def _explore_slots(k: int) -> int:
     """E: swapped slots per feed the sparse exploration check handles (a batch with more in any
-    row takes the dense `_filter`).  explore_frac = 0.05, K = 100: P(> 25 swaps) ~ 1e-8 a row."""
+    row takes the dense `_filter`).  explore_frac = 0.05, K = 100: P(> 25 swaps) ~ 1e-12 a row."""
     return min(k, max(8, k // 4))
 
 
