@@ -18,6 +18,25 @@ slope = least-squares d log(seconds) / d log(N) over the sizes.
 sizes; twhin scores `twhin_candidates` = 4,000 random posts, as OASIS does), back to back, one
 process per (N, recsys); with several, a line per N gives each one's tick / the first one's.
 Last line: `n=<largest N> seconds_per_tick=... peak_rss_gb=... slope=...` (of the last recsys).
+
+Recommender alone, every user, against OASIS (issue #19):
+
+    python benchmarks/society_scale.py --recsys=reddit --k=100 --all_users      # 1e4, 1e5
+
+builds N users x N posts (configs/million.py's society, feed_size = k; every user muting one
+random author and having seen its first feed -- `mark_seen` of one `recommend` round, so the
+seen ring is full of top posts), then times `recsys.recommend` for all N users at once (jitted,
+compile excluded, median of `--calls` calls; no chunking: reddit's largest intermediates are
+`[N, K]` and `[N, S + 20]`, about 40 MB each at 1e5).  reddit also times, in the same process,
+the per-user top-k path the sorted-pool path replaced ("topk_s",
+`recsys._recommend(..., sorted_pool=False)`) and a NumPy / standard-library rendering of
+OASIS's reddit recommender over the same posts: parse every post's creation time from its
+sqlite-style string ("%Y-%m-%d %H:%M:%S.%f", one `datetime.strptime` per post, as OASIS reads
+its post table), hot score (NumPy, rounded to 7 decimals), one `heapq.nlargest` top-k, the same
+list handed to every user (`[top] * N`, the rec matrix OASIS returns) -- "oasis_s";
+"oasis_rows_s" adds building the N * k (user, post) rows OASIS then inserts into its rec table
+(the sqlite insert itself not counted).
+ratio = oasis_s / ours_s (>= 1: ours is faster).  One process per N.
 """
 from __future__ import annotations
 
@@ -90,15 +109,138 @@ def measure(n: int, ticks: int, peer: bool, recsys: str = "twitter") -> dict:
     return out
 
 
+def _oasis_reddit(created, likes, dislikes, post_ids, n_users, k, rows=False):
+    """OASIS's reddit recommender rendered in NumPy + the standard library (our own code): every
+    post's created_at string parsed, hot score, one heapq top-k handed to all users."""
+    import datetime
+    import heapq
+
+    import numpy as np
+    epoch = datetime.datetime(1970, 1, 1)
+    sec = np.array([(datetime.datetime.strptime(c, "%Y-%m-%d %H:%M:%S.%f") - epoch)
+                    .total_seconds() for c in created])
+    s = likes - dislikes
+    hot = np.round(np.sign(s) * np.log10(np.maximum(np.abs(s), 1))
+                   + (sec - 1134028003) / 45000, 7)
+    top = [pid for _, pid in heapq.nlargest(k, zip(hot.tolist(), post_ids), key=lambda t: t[0])]
+    rec = [top] * n_users
+    if rows:  # the rec-table rows OASIS inserts: (user, post) for every user's list
+        rec = [(u, p) for u in range(n_users) for p in rec[u]]
+    return top, rec
+
+
+def measure_recsys(n: int, k: int, recsys_name: str, calls: int) -> dict:
+    """All-users `recsys.recommend` at N users x N posts, feed size k (see the module doc)."""
+    import datetime
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxsocial.social import recsys, society
+    from jaxsocial.social.state import PostKind
+
+    cfg = dict(_config(n))
+    params = society.make_params(**{**cfg, "recsys": recsys_name, "feed_size": k,
+                                    "num_seed_posts": n,  # N users x N posts
+                                    "pool_size": max(cfg["pool_size"], k + cfg["overfetch"])})
+    state = society.reset(jax.random.key(0), params)
+    users = jnp.arange(n, dtype=jnp.int32)
+    rng = np.random.default_rng(0)
+    muted = np.full((n, params.max_muted), -1, np.int32)
+    muted[:, 0] = rng.integers(0, n, n)
+    state = state.replace(graph=state.graph.replace(muted=jnp.asarray(muted)))
+    ours = jax.jit(lambda key, s: recsys.recommend(key, s, users, params))
+    state = jax.block_until_ready(
+        recsys.mark_seen(state, users, ours(jax.random.key(1), state), params))
+
+    def timed(f, *args):
+        out = jax.block_until_ready(f(*args))  # compile / warm-up
+        ts = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(*args))
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts), out
+
+    key = jax.random.key(2)
+    out = dict(n=n, k=k, recsys=recsys_name, calls=calls)
+    out["ours_s"], feed = timed(ours, key, state)
+    out["valid_frac"] = float(np.asarray(feed.valid).mean())
+    if recsys_name == "reddit" and hasattr(recsys, "_recommend"):
+        ref = jax.jit(lambda key, s: recsys._recommend(key, s, users, params,
+                                                          sorted_pool=False))
+        out["topk_s"], rfeed = timed(ref, key, state)
+        out["same_feeds"] = bool(np.array_equal(np.asarray(feed.ids), np.asarray(rfeed.ids)))
+    if recsys_name == "reddit":
+        s = jax.device_get(state)
+        live = (s.posts.id >= 0) & (s.posts.kind != PostKind.COMMENT)
+        sec = params.start_seconds + s.posts.created_at[live].astype(np.int64) \
+            * params.seconds_per_tick
+        start = datetime.datetime(1970, 1, 1)
+        created = [(start + datetime.timedelta(seconds=int(x))).strftime("%Y-%m-%d %H:%M:%S.%f")
+                   for x in sec]
+        args = (created, s.posts.likes[live].astype(np.int64),
+                s.posts.dislikes[live].astype(np.int64), s.posts.id[live].tolist(), n, k)
+        ts, rs = [], []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            top, _ = _oasis_reddit(*args)
+            ts.append(time.perf_counter() - t0)
+        out["oasis_s"] = statistics.median(ts)
+        for _ in range(max(1, calls // 2)):
+            t0 = time.perf_counter()
+            _oasis_reddit(*args, rows=True)
+            rs.append(time.perf_counter() - t0)
+        out["oasis_rows_s"] = statistics.median(rs)
+        pslot, _ = recsys._pool(key, state, params)  # our shared list before per-user filters
+        mine = np.asarray(state.posts.id[pslot])[:k]
+        out["top_overlap"] = len(set(mine.tolist()) & set(top)) / k
+    out["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return out
+
+
+def main_recsys(a):
+    for n in a.sizes:
+        for rs in a.recsys:
+            cmd = [sys.executable, __file__, "--one", str(n), "--all_users", "--k", str(a.k),
+                   "--calls", str(a.calls), "--recsys", rs]
+            res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            if res.returncode != 0:
+                sys.exit(f"n={n} recsys={rs} failed:\n{res.stderr[-3000:]}")
+            r = json.loads(res.stdout.strip().splitlines()[-1])
+            line = (f"n={n:>9,d} recsys={rs:<7s} k={a.k} users=all ours_s={r['ours_s']:.4f}")
+            if "topk_s" in r:
+                line += (f" topk_path_s={r['topk_s']:.4f} (same feeds: {r['same_feeds']})")
+            if "oasis_s" in r:
+                line += (f" oasis_s={r['oasis_s']:.4f} ratio={r['oasis_s'] / r['ours_s']:.2f}"
+                         f" (oasis_rows_s={r['oasis_rows_s']:.4f}, top-k overlap "
+                         f"{r['top_overlap']:.2f})")
+            line += f" valid={r['valid_frac']:.3f} peak_rss_gb={r['peak_rss_gb']:.2f}"
+            print(line, flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     ap.add_argument("--ticks", type=int, default=3)
     ap.add_argument("--recsys", nargs="+", default=["twitter"],
                     choices=["random", "reddit", "twitter", "twhin"])
+    ap.add_argument("--all_users", action="store_true",
+                    help="time the recommender alone for every user (and OASIS's, reddit)")
+    ap.add_argument("--k", type=int, default=100, help="feed size with --all_users")
+    ap.add_argument("--calls", type=int, default=5, help="timed calls with --all_users")
     ap.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.all_users:
+        if a.sizes == ap.get_default("sizes"):
+            a.sizes = [10_000, 100_000]
+        if a.one:
+            print(json.dumps(measure_recsys(a.one, a.k, a.recsys[0], a.calls)))
+        else:
+            main_recsys(a)
+        return
     if a.one:
         print(json.dumps(measure(a.one, a.ticks, a.peer, a.recsys[0])))
         return

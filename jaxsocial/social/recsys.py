@@ -8,7 +8,9 @@ Every recommender scores a candidate set per user and keeps the top K:
 so the cost is O(P + B (C + I) d) -- never a dense users x posts matrix.  Then a cheap pass over
 the top `K + overfetch` drops duplicates and posts by muted authors and keeps the best K.  Posts
 already shown to the user (its seen ring) are excluded or down-weighted per `seen_policy` before
-the top-k, by binary search of the seen ids in the shared pool (O(B S log C)).
+the top-k, by binary search of the seen ids in the shared pool (O(B S log C)).  reddit's pool is
+one hot-score order shared by all users, so its feeds skip the per-user top-k: each is the first
+pool entries passing the user's filters (`_reddit_fast`, O(B (K + S) D) with D ~ S + 5 M).
 """
 from __future__ import annotations
 
@@ -256,7 +258,20 @@ def recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soci
     uniformly random live posts.  twhin: the shared candidates are `twhin_candidates` (drawn
     with `key`), scored by `twhin_score` of the users' profiles.  Pure; does not mark the feed
     as seen (see `mark_seen`).
+
+    reddit with seen_policy "exclude" or "none": the hot-score pool is one sorted list shared by
+    all users, so each feed is the first posts of that list passing the user's filters
+    (`_reddit_fast`: O(B (K + S)) instead of a per-user top-k over the pool, and exploration
+    swaps checked sparsely).  Its feeds equal the per-user top-k path's, kept as the reference:
+    `_recommend(..., sorted_pool=False)`.
     """
+    return _recommend(key, state, users, params, sorted_pool=True)
+
+
+def _recommend(key: jax.Array, state: SocialState, users: jax.Array, params: SocialParams,
+               sorted_pool: bool) -> Feed:
+    """`recommend`; `sorted_pool=False` forces reddit through the generic per-user top-k path
+    (the reference `_reddit_fast` is tested against)."""
     chex.assert_rank(users, 1)
     chex.assert_type(users, jnp.int32)
     posts, graph = state.posts, state.graph
@@ -269,6 +284,12 @@ def recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soci
     span = posts.next_id - lo
 
     seen = state.memory.seen[u]  # [B, S]
+    if sorted_pool and params.recsys == "reddit" and params.seen_policy != "downweight":
+        ids, score = _reddit_fast(key, state, u, seen, params)
+        valid = jnp.isfinite(score) & user_ok[:, None] & (ids >= 0)
+        ids = jnp.where(valid, ids, EMPTY)
+        return Feed(ids=ids, slots=jnp.where(valid, posts.slot(ids), 0), valid=valid,
+                    score=jnp.where(valid, score, _NEG))
     if params.recsys == "twhin":
         score, ids = _twhin_top(k_cand, state, u, seen, params)
     elif params.recsys == "random":
@@ -345,6 +366,290 @@ def recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soci
     return Feed(ids=ids, slots=jnp.where(valid, posts.slot(ids), 0), valid=valid,
                 score=jnp.where(valid, score, _NEG))
 
+
+_REDDIT_MARGIN = 8  # pool head entries indexed past K + overfetch + S (own / muted posts)
+_AUTHOR_POSTS = 4  # an author's posts in the head looked up per own / muted author
+# (both module level: tests shrink them to exercise the dense fallback)
+
+
+def _explore_slots(k: int) -> int:
+    """E: swapped slots per feed the sparse exploration check handles (a batch with more in any
+    row takes the dense `_filter`).  explore_frac = 0.05, K = 100: P(> 25 swaps) ~ 1e-12 a row."""
+    return min(k, max(8, k // 4))
+
+
+def _prefix_count(mask):
+    """Inclusive prefix counts `[R, X]` int32 of `mask [R, X]` along its rows (an associative
+    scan: XLA:CPU's cumsum is a reduce-window, several times slower at X ~ 100)."""
+    return jax.lax.associative_scan(jnp.add, mask.astype(jnp.int32), axis=1)
+
+
+def _first_true(mask, rank, n: int, fill: int):
+    """Columns `[R, n]` int32 of the first n True entries of `mask [R, X]` in order (`fill`
+    where a row has fewer), `rank = _prefix_count(mask)`: one flat scatter."""
+    r, x = mask.shape
+    at = jnp.where(mask & (rank <= n), jnp.arange(r)[:, None] * n + rank - 1, r * n)
+    col = jnp.broadcast_to(jnp.arange(x, dtype=jnp.int32), (r, x))
+    return jnp.full((r * n,), fill, jnp.int32).at[at.reshape(-1)].set(
+        col.reshape(-1), mode="drop").reshape(r, n)
+
+
+def _reddit_fast(key, state: SocialState, u, seen, params: SocialParams):
+    """reddit feeds of users `u [B]` (seen `[B, S]` their seen rings), seen_policy "exclude" or
+    "none": (ids `[B, K]`, score `[B, K]`, -inf / any id where invalid), equal to the per-user
+    top-k path of `_recommend` with the same key.
+
+    The pool (`_pool`: top C posts by hot score) is sorted, so the per-user top-(K + overfetch)
+    with seen and own posts at -inf is the first K + overfetch pool entries passing those
+    filters, in pool order; muted authors' posts among them are dropped and the first K kept
+    (`_reddit_feed`).  Exploration draws the same swaps and random posts; since the feed's
+    valid entries are distinct and pass every filter, only the swapped slots are checked, with
+    `[B, E]` work (E = `_explore_slots(K)`) -- a batch with a row of more than E swaps takes the
+    dense `_filter` instead."""
+    posts = state.posts
+    cap, k = posts.capacity, params.feed_size
+    b = u.shape[0]
+    k_cand, _, k_exp, k_exp2 = jax.random.split(key, 4)
+    lo = jnp.maximum(posts.next_id - cap, 0)
+    span = posts.next_id - lo
+    pslot, pscore = _pool(k_cand, state, params)
+    pid = posts.id[pslot]
+    c = pid.shape[0]
+
+    # exploration draws, as _recommend's: swapped slots, and random posts (`random_post`) where
+    # swapped -- the [B, K] uniforms elementwise when `_uniform_at` can reproduce them
+    flat = jnp.arange(b, dtype=jnp.int32)[:, None] * k + jnp.arange(k, dtype=jnp.int32)[None]
+    at_ok = _uniform_at_ok(k_exp) and _uniform_at_ok(k_exp2) and b * k < 2 ** 31
+
+    def random_post(r):  # uniforms [..] -> random post ids, EMPTY where none
+        rid = lo + jnp.floor(r * span).astype(jnp.int32)
+        return jnp.where(span > 0, jnp.minimum(rid, posts.next_id - 1), EMPTY)
+
+    swap = (_uniform_at(k_exp, flat) if at_ok else jax.random.uniform(k_exp, (b, k))
+            ) < params.explore_frac
+    swap = _materialized(swap, posts.next_id >= 0)
+    e = _explore_slots(k)
+    # [B, E] swapped slots in order, k = none: the (e+1)-th swap is at #{j : swaps <= j are e}
+    at = _count_le(_prefix_count(swap), jnp.arange(e, dtype=jnp.int32)[None])
+    at_c = jnp.minimum(at, k - 1)
+    if at_ok:
+        rc = random_post(_uniform_at(k_exp2, jnp.take_along_axis(flat, at_c, axis=1)))
+    else:
+        rc = jnp.take_along_axis(random_post(jax.random.uniform(k_exp2, (b, k))), at_c, axis=1)
+    rc = jnp.where(at < k, rc, EMPTY)
+    rc = jnp.where(posts.alive(rc) & (posts.kind[posts.slot(rc)] != PostKind.COMMENT), rc,
+                   EMPTY)
+    # pool index of each random post (c = not in the pool): where the feed may show it too
+    inv = jnp.full((cap,), c, jnp.int32).at[pslot].set(jnp.arange(c, dtype=jnp.int32))
+    qr = inv[posts.slot(rc)]
+    qr = jnp.where((rc >= 0) & (qr < c) & (pid[jnp.minimum(qr, c - 1)] == rc), qr, c)
+
+    ids, score, jpos = _reddit_feed(state, u, seen, pid, pscore, inv, params, qr)
+
+    def sparse(ids, score):
+        author = posts.author[posts.slot(rc)]
+        bad = (rc < 0) | _any_eq(author, state.graph.muted[u])
+        if params.exclude_own:
+            bad = bad | (author == u[:, None])
+        if params.seen_policy == "exclude":
+            bad = bad | _any_eq(rc, seen)
+        bad = bad | (_dedupe(rc, EMPTY - 1) != rc)  # repeats an earlier swap
+        # the feed shows the same post at jpos (not swapped away): the later of the two goes
+        shown = (jpos < k) & ~jnp.take_along_axis(swap, jnp.minimum(jpos, k - 1), axis=1)
+        bad = bad | (shown & (jpos < at))
+        bad, shown = _materialized((bad, shown), posts.next_id >= 0)
+        gone = jnp.concatenate([jnp.where(bad, at, k), jnp.where(shown & (jpos > at), jpos, k)],
+                               axis=1)  # [B, 2E] slots to drop
+        rows = jnp.arange(b)[:, None]
+        drop = jnp.zeros((b, k), bool).at[rows, gone].set(True, mode="drop")
+        ids = ids.at[rows, at].set(rc, mode="drop")
+        score = jnp.where(swap, -1e9, score)
+        return ids, jnp.where(drop | (ids < 0), _NEG, score)
+
+    def dense(ids, score):
+        rid = random_post(jax.random.uniform(k_exp2, (b, k)))
+        rok = posts.alive(rid) & (posts.kind[posts.slot(rid)] != PostKind.COMMENT)
+        ids = jnp.where(swap, jnp.where(rok, rid, EMPTY), ids)
+        score = jnp.where(swap, jnp.where(rok, -1e9, _NEG), score)
+        return ids, _filter(state, u, ids, score, params, penalize=False)
+
+    n_swap = jnp.max(jnp.sum(swap, axis=1))
+    return jax.lax.switch(jnp.where(n_swap == 0, 0, jnp.where(n_swap <= e, 1, 2)),
+                          [lambda i, s: (i, s), sparse, dense], ids, score)
+
+
+_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def _threefry2x32(k0, k1, x0, x1):
+    """Threefry-2x32, 20 rounds (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3",
+    2011) of the uint32 counter pairs (x0, x1) under the key (k0, k1), written out elementwise:
+    XLA fuses it into one loop, where XLA:CPU runs jax.random's as a rolled loop over `[B, K]`
+    buffers (memory bound at 1e5 users)."""
+    ks = (k0, k1, k0 ^ k1 ^ jnp.uint32(0x1BD11BDA))
+    x0, x1 = x0 + ks[0], x1 + ks[1]
+    for i in range(5):
+        for r in _THREEFRY_ROTATIONS[i % 2]:
+            x0 = x0 + x1
+            x1 = ((x1 << jnp.uint32(r)) | (x1 >> jnp.uint32(32 - r))) ^ x0
+        x0 = x0 + ks[(i + 1) % 3]
+        x1 = x1 + ks[(i + 2) % 3] + jnp.uint32(i + 1)
+    return x0, x1
+
+
+def _uniform_at_ok(key) -> bool:
+    """Whether `_uniform_at` reproduces `jax.random.uniform` for `key` (a threefry key under
+    jax_threefry_partitionable, JAX's default since 0.5)."""
+    return (bool(jax.config.jax_threefry_partitionable)
+            and "threefry2x32" in str(jax.random.key_impl(key)))
+
+
+def _uniform_at(key, flat):
+    """`jax.random.uniform(key, shape)` (float32, [0, 1)) at the row-major flat indices
+    `flat` (int32, any shape) of `shape`, without drawing the rest: under partitionable
+    threefry element i hashes the counter (0, i) (shapes under 2**32 elements), and its float
+    is the top 23 bits as the mantissa of a number in [1, 2), minus 1."""
+    kd = jax.random.key_data(key)
+    b0, b1 = _threefry2x32(kd[0], kd[1], jnp.zeros(flat.shape, jnp.uint32),
+                           flat.astype(jnp.uint32))
+    bits = (b0 ^ b1) >> jnp.uint32(9) | jnp.uint32(0x3F800000)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32) - 1.0
+
+
+def _materialized(x, true):
+    """`x` (a pytree), computed into buffers once: XLA fuses a cheap elementwise producer into
+    each of its consumers, recomputing it (a fused threefry, once per level of an associative
+    scan), and XLA:CPU drops `optimization_barrier`; a conditional's operands are buffers.
+    `true`: a traced predicate that holds (not constant-folded)."""
+    return jax.lax.cond(true, lambda y: y, lambda y: jax.tree.map(jnp.zeros_like, y), x)
+
+
+def _any_eq(a, b):
+    """`[R, J]` bool: a[r, j] == b[r, d] for some d (`a [R, J]`, `b [R, D]`), unrolled over D:
+    XLA:CPU runs a reduction over a short minor axis ~30x slower than D fused passes."""
+    out = jnp.zeros(a.shape, bool)
+    for d in range(b.shape[1]):
+        out = out | (a == b[:, d:d + 1])
+    return out
+
+
+def _count_le(t, v):
+    """`[R, J]` int32: #{d : t[r, d] <= v[r, j]} (`t [R, D]`, `v [R, J]`), unrolled over D."""
+    out = jnp.zeros(jnp.broadcast_shapes(v.shape, (t.shape[0], 1)), jnp.int32)
+    for d in range(t.shape[1]):
+        out = out + (t[:, d:d + 1] <= v)
+    return out
+
+
+def _dedupe(d, none):
+    """`d [R, D]` with every repeat of an earlier entry in its row replaced by `none`."""
+    col = jnp.arange(d.shape[1])[None]
+    rep = jnp.zeros(d.shape, bool)
+    for i in range(d.shape[1] - 1):
+        rep = rep | ((d == d[:, i:i + 1]) & (col > i))
+    return jnp.where(rep, none, d)
+
+
+def _nth_kept(excluded, j, none):
+    """Positions `[R, J]` of the j-th (0-based, `j [R, J]` or `[1, J]`) entry of 0, 1, 2, ...
+    not in `excluded [R, D]` (distinct within a row; `none`, larger than any answer, pads):
+    j + #{d : d - rank(d) <= j}, rank(d) = #excluded entries below d."""
+    rank = _count_le(excluded, excluded - 1)  # [R, D]
+    return j + _count_le(jnp.where(excluded == none, none, excluded - rank), j)
+
+
+def _reddit_feed(state: SocialState, u, seen, pid, pscore, inv, params: SocialParams, probe):
+    """The feeds before exploration from the sorted pool (`pid [C]`, `pscore [C]` descending,
+    `inv [P]` slot -> pool index or C): (ids `[B, K]`, score `[B, K]`, probe_at `[B, E]`),
+    invalid entries EMPTY / -inf; `probe [B, E]` pool indices (C = none), probe_at their slots
+    in the feed (K = not in it).
+
+    A user's excluded pool positions are few: its seen posts (their pool index, `inv`), its own
+    and its muted authors' posts (at most `_AUTHOR_POSTS` each, found by binary search in the
+    pool head's entries sorted by author).  The j-th kept entry is then j plus a count over the
+    D excluded positions (`_nth_kept`): `[B, K, D]` compares, no per-user sort, scan or
+    scatter.  Stage 1 (seen, own) fixes the cut at the K + overfetch-th passing entry, stage 2
+    drops the muted authors' posts up to the cut.  Own / muted posts are only indexed in the
+    head X = K + overfetch + S + `_REDDIT_MARGIN`: a batch with a cut past X, or an author with
+    more than `_AUTHOR_POSTS` head posts, takes the dense path over the whole pool
+    (`_reddit_feed_dense`, `lax.cond`)."""
+    posts = state.posts
+    b, c, k = u.shape[0], pid.shape[0], params.feed_size
+    kk = min(c, k + params.overfetch)
+    excl_seen = params.seen_policy == "exclude"
+    x = min(c, kk + (params.seen_memory if excl_seen else 0) + _REDDIT_MARGIN)
+    g = _AUTHOR_POSTS
+    none = jnp.int32(2 ** 30)
+    pauthor = posts.author[posts.slot(pid)]
+    live = jnp.isfinite(pscore) & (pid >= 0)  # a prefix of the pool
+    n_live = jnp.sum(live, dtype=jnp.int32)
+    hauth = jnp.where(live[:x], pauthor[:x], none)
+    order = jnp.argsort(hauth, stable=True).astype(jnp.int32)
+    sauth = hauth[order]  # the head's authors, sorted
+
+    def author_posts(a):  # a [B, J] -> head positions of their posts [B, J * g], overflow [B]
+        lo = jnp.searchsorted(sauth, a, side="left").astype(jnp.int32)
+        cnt = jnp.where(a >= 0, jnp.searchsorted(sauth, a, side="right") - lo, 0)
+        r = jnp.arange(g, dtype=jnp.int32)
+        at = jnp.where(r < cnt[..., None], order[jnp.minimum(lo[..., None] + r, x - 1)], none)
+        return at.reshape(b, -1), jnp.any(cnt > g, axis=1)
+
+    parts, over = [], jnp.zeros((b,), bool)
+    if excl_seen:
+        sq = inv[posts.slot(seen)]
+        sq_ok = (seen >= 0) & (sq < c)
+        sq_ok = sq_ok & (pid[jnp.minimum(sq, c - 1)] == seen) & live[jnp.minimum(sq, c - 1)]
+        parts.append(jnp.where(sq_ok, sq, none))
+    if params.exclude_own:
+        own, over_own = author_posts(u[:, None])
+        parts.append(own)
+        over = over | over_own
+    kk_col = jnp.full((1, 1), kk - 1, jnp.int32)
+    if parts:
+        excl = _dedupe(jnp.concatenate(parts, axis=1), none)  # [B, DA] stage-1 exclusions
+        cut = _nth_kept(excl, kk_col, none)[:, 0]  # the (K + overfetch)-th passing entry
+    else:
+        excl, cut = jnp.full((b, 1), none), jnp.full((b,), kk - 1, jnp.int32)
+    cut = jnp.minimum(cut, n_live - 1)
+    mpos, over_m = author_posts(state.graph.muted[u])
+    over = over | over_m
+    mpos = _dedupe(jnp.where(mpos <= cut[:, None], mpos, none), none)
+    excl = jnp.concatenate([excl, jnp.where(_any_eq(mpos, excl), none, mpos)], axis=1)
+    pos = _nth_kept(excl, jnp.arange(k, dtype=jnp.int32)[None], none)  # [B, K]
+    q = jnp.where(pos <= cut[:, None], pos, c)
+    pr_ok = (probe <= cut[:, None]) & ~_any_eq(probe, excl)
+    pr_at = probe - _count_le(excl, probe - 1)
+    probe_at = jnp.where(pr_ok & (pr_at < k), pr_at, k)
+    if x < c:
+        q, probe_at = jax.lax.cond(
+            jnp.any(over | (cut >= x)),
+            lambda: _reddit_feed_dense(state, u, seen, pid, pscore, params, probe),
+            lambda: (q, probe_at))
+    ok = q < c
+    qc = jnp.minimum(q, c - 1)
+    return jnp.where(ok, pid[qc], EMPTY), jnp.where(ok, pscore[qc], _NEG), probe_at
+
+
+def _reddit_feed_dense(state: SocialState, u, seen, pid, pscore, params: SocialParams, probe):
+    """`_reddit_feed`'s (pool index `[B, K]` (C = none), probe_at `[B, E]`) from `[B, C]`
+    masks over the whole pool (prefix counts and a scatter): its fallback."""
+    posts = state.posts
+    b, c, k = u.shape[0], pid.shape[0], params.feed_size
+    kk = min(c, k + params.overfetch)
+    pauthor = posts.author[posts.slot(pid)]
+    good = jnp.broadcast_to((jnp.isfinite(pscore) & (pid >= 0))[None], (b, c))
+    if params.exclude_own:
+        good = good & (pauthor[None] != u[:, None])
+    if params.seen_policy == "exclude":
+        good = good & ~_any_eq(jnp.broadcast_to(pid[None], (b, c)), seen)
+    r1 = _prefix_count(good)  # [B, C]
+    keep = good & (r1 <= kk) & ~_any_eq(jnp.broadcast_to(pauthor[None], (b, c)),
+                                         state.graph.muted[u])
+    r2 = _prefix_count(keep)
+    q = _first_true(keep, r2, k, c)
+    pc = jnp.minimum(probe, c - 1)
+    hit = jnp.take_along_axis(keep & (r2 <= k), pc, axis=1) & (probe < c)
+    return q, jnp.where(hit, jnp.take_along_axis(r2, pc, axis=1) - 1, k)
 
 def _filter(state: SocialState, u, ids, score, params: SocialParams, penalize=True):
     """-inf for duplicates (keep the first), own/muted authors, seen posts (exclude policy;
