@@ -155,6 +155,9 @@ def trl_steps(args, model: llama.Llama, prompts: np.ndarray) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+
     vocab = model.config.vocab_size
     tok = word_tokenizer(vocab)
     texts = [" ".join(f"t{i}" for i in row) for row in prompts]
@@ -242,6 +245,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--torch_threads", type=int, default=0,
+                    help="torch.set_num_threads for TRL (0 = torch's default)")
     ap.add_argument("--skip_trl", action="store_true")
     ap.add_argument("--skip_ppo", action="store_true")
     ap.add_argument("--ablate", action="store_true",
