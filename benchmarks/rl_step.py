@@ -20,7 +20,8 @@ per group of 8 samples, in scoring and in the update), then `grpo.make_update` /
 `_generate` (generation), `_generate_and_score_completions` (minus generation = scoring:
 rewards + reference forward; with one iteration TRL skips the old-log-prob forward) and the
 step callbacks (the rest = update). Each side: `--warmup` untimed steps, then the median of
-`--steps` steps. Ours: `--ablate` also times the step without prompt sharing and with
+`--steps` steps; ours GRPO runs before and after TRL and the two runs are pooled (the load
+of a shared machine drifts). Ours: `--ablate` also times the step without prompt sharing and with
 re-scoring (what each change buys).
 
 PPO: trl 1.16.0 has no `PPOTrainer` (it was removed from trl; nothing in `trl.experimental`
@@ -245,8 +246,11 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--torch_threads", type=int, default=0,
-                    help="torch.set_num_threads for TRL (0 = torch's default)")
+    ap.add_argument("--torch_threads", type=int, default=1,
+                    help="torch.set_num_threads for TRL (0 = torch's default, one per core). 1 "
+                         "by default: on a shared machine torch's OpenMP threads degrade badly "
+                         "(measured at load ~5 on 2 cores: 56 s per TRL step with 2 threads, "
+                         "18 s with 1)")
     ap.add_argument("--skip_trl", action="store_true")
     ap.add_argument("--skip_ppo", action="store_true")
     ap.add_argument("--ablate", action="store_true",
@@ -286,6 +290,13 @@ def main():
         if "ours_ppo" in res:
             print(f"PPO: no PPOTrainer in trl 1.16.0; TRL GRPO step / our PPO step = "
                   f"{trl / med(res['ours_ppo']['step']):.2f}")
+        # Load drifts on a shared machine: time ours again after TRL and pool both runs.
+        after = ours_steps(args, model, prompts, "grpo", prompt_group=args.group,
+                           old_logprobs="auto")
+        print(row("ours GRPO (again, after TRL)", after), flush=True)
+        for k in ("generation", "scoring", "update", "step"):
+            res["ours_grpo"][k] = res["ours_grpo"][k] + after[k]
+        print(row("ours GRPO (both runs pooled)", res["ours_grpo"]), flush=True)
     print(f"sanity: ours GRPO first ratio {res['ours_grpo']['sanity']}")
     print(json.dumps({k: {p: (med(v) if isinstance(v, list) else v) for p, v in t.items()}
                       for k, t in res.items()}))
