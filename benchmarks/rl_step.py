@@ -280,7 +280,6 @@ def main():
         res["ours_ppo"] = ours_steps(args, model, prompts, "ppo", prompt_group=args.group,
                                      old_logprobs="auto")
         print(row("ours PPO (value head)", res["ours_ppo"]), flush=True)
-    ours = med(res["ours_grpo"]["step"])
     trl = float("nan")
     if not args.skip_trl:
         res["trl_grpo"] = trl_steps(args, model, prompts)
@@ -297,6 +296,7 @@ def main():
         for k in ("generation", "scoring", "update", "step"):
             res["ours_grpo"][k] = res["ours_grpo"][k] + after[k]
         print(row("ours GRPO (both runs pooled)", res["ours_grpo"]), flush=True)
+    ours = med(res["ours_grpo"]["step"])
     print(f"sanity: ours GRPO first ratio {res['ours_grpo']['sanity']}")
     print(json.dumps({k: {p: (med(v) if isinstance(v, list) else v) for p, v in t.items()}
                       for k, t in res.items()}))
