@@ -14,10 +14,11 @@ warm-up call:
   (`scoring.response_hidden[_grouped]`), with a random cotangent;
 - `head fwd+bwd <variant>`: the log-prob head alone (`scoring.token_stats` on fixed hidden
   states [B, R, H] and the unembedding) — gradients to both — in variants: `library` (the
-  code as shipped), `no remat` (the chunk body not rematerialised), `lse gather` (log-prob =
-  z[token] - logsumexp(z): no [B, c, V] log-softmax materialised, entropy from the same
-  softmax), `no entropy` (the entropy metric dropped), `one chunk` (the whole response
-  in one chunk);
+  code as shipped: the logsumexp gather, remat), `remat, log-softmax` (the code before issue
+  19: a materialised [B, c, V] log-softmax + gather), `no remat` (its chunk body not
+  rematerialised), `lse gather` (log-prob = z[token] - logsumexp(z), entropy from the same
+  softmax), `no entropy` (the entropy metric dropped), `one chunk` (log-softmax, the whole
+  response in one chunk);
 - `optimizer`: clip_by_global_norm + AdamW on the policy's weights.
 The parts are measured alone, so they do not add up exactly to `update`.
 """
