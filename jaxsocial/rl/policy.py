@@ -156,6 +156,8 @@ def evaluate(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, *,
     None). Log-probs and entropy come from `token_stats` (chunked, no [B, R, V] array).
     Entropy is of the same (masked, tempered, truncated) distribution; it is differentiable
     only with entropy_grad=True (otherwise it is a logged metric and costs no backward pass).
+    cfg.prompt_group > 1 (dividing B): rows in contiguous groups of that many that share a
+    prompt run the prompt's forward once per group (checked at run time; same values).
     """
     p, r = batch.prompt_len, batch.response_len
     if p < 1:
