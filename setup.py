@@ -51,6 +51,9 @@ EXTRAS = {
     "eval": EVAL,
     "notebook": NOTEBOOK,
     "tfds": ["tensorflow-datasets>=4.9.9", "array-record>=0.8"],
+    # benchmarks/rl_step.py only: TRL's GRPOTrainer as the peer of one RL step (the library
+    # never imports trl).
+    "bench": ["trl==1.16.0", "torch==2.13.0", "accelerate>=1.10,<2"],
 }
 
 setup(

@@ -14,6 +14,7 @@ from typing import Optional
 from ml_collections import config_dict
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
+OLD_LOGPROBS = ("auto", "rollout", "rescore")
 LR_SCHEDULES = ("constant", "cosine")
 
 # Set by the training loop from the tokenizer and `c.rollout`, not from `c.rl`.
@@ -41,6 +42,12 @@ class OptimConfig:
     grad_accum_steps: int = 1
     micro_batch: int = 0                 # rows per micro-batch; 0 = minibatch / grad_accum_steps
     logits_chunk: int = 0                # response positions per log-prob chunk; 0 = auto
+    # old log-probs: "auto" = the rollout's own when exact (float32 compute), else re-scored;
+    # "rollout" = always the rollout's; "rescore" = always a policy forward (policy.score_batch)
+    old_logprobs: str = "auto"
+    # rows in contiguous groups of this many share one prompt (GRPO's samples of a prompt):
+    # the prompt's forward runs once per group, checked at run time (0 = off; scoring.py)
+    prompt_group: int = 0
     # clipped surrogate and entropy bonus
     clip_eps: float = 0.2
     clip_eps_high: Optional[float] = None  # None = symmetric; 0.28 = DAPO clip-higher
@@ -66,6 +73,10 @@ class OptimConfig:
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"kl_estimator={self.kl_estimator!r}; choose one of "
                              f"{KL_ESTIMATORS}")
+        if self.old_logprobs not in OLD_LOGPROBS:
+            raise ValueError(f"old_logprobs={self.old_logprobs!r}; choose one of {OLD_LOGPROBS}")
+        if int(self.prompt_group) < 0 or int(self.prompt_group) == 1:
+            raise ValueError(f"prompt_group must be 0 (off) or >= 2, got {self.prompt_group}")
         for name in ("ppo_epochs", "num_minibatches", "grad_accum_steps"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -138,7 +138,8 @@ def make_update(cfg: GRPOConfig, pdef, donate: bool = False,
         new_state, metrics = optim.run_epochs(
             lambda *a: loss_fn(*a, grammar), tx, schedule, train_state, rows,
             epochs=cfg.ppo_epochs, num_minibatches=cfg.num_minibatches,
-            grad_accum_steps=cfg.grad_accum_steps, micro_batch=cfg.micro_batch, key=key)
+            grad_accum_steps=cfg.grad_accum_steps, micro_batch=cfg.micro_batch, key=key,
+            group=cfg.prompt_group)
         g = scores.reshape(-1, cfg.group_size)
         metrics.update(
             kl_ref=losses.sequence_kl(batch.old_logprobs, batch.ref_logprobs, mask),

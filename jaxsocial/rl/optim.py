@@ -47,7 +47,7 @@ def _tree_where(ok, new, old):
 
 def run_epochs(loss_fn: Callable, tx: optax.GradientTransformation, schedule: optax.Schedule,
                state: state_lib.TrainState, rows: Any, *, epochs: int, num_minibatches: int,
-               grad_accum_steps: int, key: Array, micro_batch: int = 0):
+               grad_accum_steps: int, key: Array, micro_batch: int = 0, group: int = 0):
     """epochs x shuffled minibatches (x gradient-accumulation micro-batches) as lax.scan.
 
     micro_batch > 0 fixes the rows per micro-batch (grad_accum_steps is then minibatch rows /
@@ -59,6 +59,10 @@ def run_epochs(loss_fn: Callable, tx: optax.GradientTransformation, schedule: op
     a *sum* over the micro-batch divided by denom = {"tokens": valid tokens in the minibatch,
     "rows": rows in the minibatch}; so summing micro-batch gradients gives exactly the
     minibatch-mean gradient.
+
+    group > 1 (`prompt_group`: contiguous groups of rows that share a prompt): when it
+    divides the micro-batch, whole groups are shuffled (rows of a group stay contiguous, so
+    the policy forward can share the group's prompt); otherwise rows are shuffled.
 
     Each optimizer step is guarded: a non-finite loss or gradient norm keeps params and
     optimizer state, and bumps state.nonfinite_skips. Returns (state, metrics averaged over
@@ -98,8 +102,14 @@ def run_epochs(loss_fn: Callable, tx: optax.GradientTransformation, schedule: op
         carry = (params, opt_state, step + ok.astype(jnp.int32), skips + (~ok).astype(jnp.int32))
         return carry, metrics
 
+    whole_groups = group > 1 and micro % group == 0
+
     def epoch(carry, epoch_key):
-        perm = jax.random.permutation(epoch_key, b)
+        if whole_groups:
+            gperm = jax.random.permutation(epoch_key, b // group)
+            perm = (gperm[:, None] * group + jnp.arange(group)[None, :]).reshape(b)
+        else:
+            perm = jax.random.permutation(epoch_key, b)
         shuffled = jax.tree.map(
             lambda x: x[perm].reshape((num_minibatches, grad_accum_steps, micro) + x.shape[1:]),
             rows)

@@ -45,6 +45,7 @@ class PolicyDef:
     critic_graphdef: Any = None
     lora: Any = None
     value_stop_gradient: bool = False  # head mode: value loss does not reach the trunk
+    compute_dtype: str = "float32"      # the policy's compute dtype (old-log-prob reuse rule)
 
     @property
     def has_values(self) -> bool:
@@ -101,7 +102,8 @@ def init_policy(model, key=None, *, value_mode: str = "head", critic=None, lora=
     else:
         policy = jax.tree.map(jnp.copy, weights)
     pdef = PolicyDef(graphdef=graphdef, value_mode=value_mode, critic_graphdef=critic_graphdef,
-                     lora=lora, value_stop_gradient=value_stop_gradient)
+                     lora=lora, value_stop_gradient=value_stop_gradient,
+                     compute_dtype=jnp.dtype(model.config.dtype).name)
     return pdef, {"policy": policy, "value": value}, weights
 
 
@@ -112,15 +114,20 @@ def policy_weights(pdef: PolicyDef, params, ref_params):
     return params["policy"]
 
 
-def _sequence(batch: Trajectory):
-    ids = jnp.concatenate([batch.prompt_tokens, batch.response_tokens], axis=1)
-    mask = jnp.concatenate([batch.prompt_mask, batch.response_mask], axis=1)
-    return ids, mask
+def _forward(graphdef, weights, batch: Trajectory, group: int = 0):
+    """-> (hidden [B, R, H] of the response positions, unembedding matrix [H, V]).
+
+    group > 1: rows in contiguous groups of `group` sharing a prompt run the prompt's forward
+    once per group (`scoring.response_hidden_auto`: checked at run time, same values)."""
+    return scoring.response_hidden_auto(nnx.merge(graphdef, weights), batch.prompt_tokens,
+                                        batch.prompt_mask, batch.response_tokens,
+                                        batch.response_mask, group)
 
 
-def _forward(graphdef, weights, ids, mask, p: int, r: int):
-    """-> (hidden [B, R, H] of the response positions, unembedding matrix [H, V])."""
-    return scoring.response_hidden(nnx.merge(graphdef, weights), ids, mask, p, r)
+def _group(cfg, rows: int) -> int:
+    """The static prompt group of `cfg` for a batch of `rows` rows (0 = no sharing)."""
+    g = int(getattr(cfg, "prompt_group", 0) or 0)
+    return g if g > 1 and rows % g == 0 else 0
 
 
 def _values(head, hidden):
@@ -149,14 +156,16 @@ def evaluate(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, *,
     None). Log-probs and entropy come from `token_stats` (chunked, no [B, R, V] array).
     Entropy is of the same (masked, tempered, truncated) distribution; it is differentiable
     only with entropy_grad=True (otherwise it is a logged metric and costs no backward pass).
+    cfg.prompt_group > 1 (dividing B): rows in contiguous groups of that many that share a
+    prompt run the prompt's forward once per group (checked at run time; same values).
     """
     p, r = batch.prompt_len, batch.response_len
     if p < 1:
         raise ValueError("the prompt must have at least one slot (the token before the response)")
     scfg = sampling_config(cfg, r)
     states = _grammar_states(batch, grammar)
-    ids, mask = _sequence(batch)
-    hidden, w = _forward(pdef.graphdef, policy_weights(pdef, params, ref_params), ids, mask, p, r)
+    group = _group(cfg, batch.batch_size)
+    hidden, w = _forward(pdef.graphdef, policy_weights(pdef, params, ref_params), batch, group)
     logprobs, entropy = scoring.token_stats(hidden, w, batch.response_tokens, scfg,
                                             grammar=grammar, states=states, chunk=_chunk(cfg),
                                             with_entropy=with_entropy, entropy_grad=entropy_grad)
@@ -166,57 +175,120 @@ def evaluate(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, *,
             if pdef.value_stop_gradient:
                 hidden = jax.lax.stop_gradient(hidden)
         else:
-            hidden, _ = _forward(pdef.critic_graphdef, params["value"]["trunk"], ids, mask, p, r)
+            hidden, _ = _forward(pdef.critic_graphdef, params["value"]["trunk"], batch, group)
         values = _values(params["value"]["head"], hidden)
     return PolicyEval(logprobs=logprobs, values=values, entropy=entropy)
+
+
+def values_only(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg) -> jax.Array:
+    """Values [B, R] float32 with no log-probs (no LM head): the policy trunk's forward
+    (value_mode "head") or the critic's ("critic"). Needs pdef.has_values."""
+    group = _group(cfg, batch.batch_size)
+    if pdef.value_mode == "head":
+        hidden, _ = _forward(pdef.graphdef, policy_weights(pdef, params, ref_params), batch,
+                             group)
+    else:
+        hidden, _ = _forward(pdef.critic_graphdef, params["value"]["trunk"], batch, group)
+    return _values(params["value"]["head"], hidden)
 
 
 def reference_logprobs(pdef: PolicyDef, ref_params, batch: Trajectory, cfg,
                        grammar=None) -> jax.Array:
     """Log-probs [B, R] of the response under the frozen reference (same sampling dist)."""
-    p, r = batch.prompt_len, batch.response_len
+    r = batch.response_len
     states = _grammar_states(batch, grammar)
-    ids, mask = _sequence(batch)
-    hidden, w = _forward(pdef.graphdef, ref_params, ids, mask, p, r)
+    hidden, w = _forward(pdef.graphdef, ref_params, batch, _group(cfg, batch.batch_size))
     return scoring.token_stats(hidden, w, batch.response_tokens, sampling_config(cfg, r),
                                grammar=grammar, states=states, chunk=_chunk(cfg))[0]
 
 
-def score_batch(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, grammar=None):
+def old_logprobs_source(pdef: PolicyDef, cfg, have_rollout: bool) -> str:
+    """The static rule for where `score_batch` takes the old log-probs: "rollout" or "rescore".
+
+    cfg.old_logprobs (default "auto"):
+      "rescore": a policy forward re-scores the response (as before; the reference for tests);
+      "rollout": the rollout's own sampled-token log-probs (ValueError when none are passed);
+      "auto":    the rollout's when they are passed and exact — the policy computes in
+                 float32 (`pdef.compute_dtype`), where the generator's log-probs (cached
+                 decode, same `sampling.log_probs` distribution and grammar masks) equal a
+                 re-scoring to ~1e-6 — otherwise a re-scoring (bf16 decode and a bf16
+                 full forward round differently).
+    """
+    mode = getattr(cfg, "old_logprobs", "auto")
+    if mode == "rescore":
+        return "rescore"
+    if mode == "rollout":
+        if not have_rollout:
+            raise ValueError("old_logprobs='rollout' needs the rollout's log-probs: pass "
+                             "score_batch(..., rollout_logprobs=...)")
+        return "rollout"
+    if mode != "auto":
+        raise ValueError(f"old_logprobs={mode!r}; choose 'auto', 'rollout' or 'rescore'")
+    return "rollout" if have_rollout and pdef.compute_dtype == "float32" else "rescore"
+
+
+def score_batch(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, grammar=None,
+                rollout_logprobs: Optional[jax.Array] = None):
     """The rollout scoring pass: (logprobs, ref_logprobs, values), each [B, R] float32 and 0
     on masked tokens (values 0 when value_mode="none"). No gradients. `grammar`: the
     rollout's grammar (with batch.fsm_states, or replayed from the tokens).
+
+    rollout_logprobs [B, R] float32: the generator's sampled-token log-probs of
+    batch.response_tokens. When `old_logprobs_source` says "rollout", they are returned
+    (masked) as the old log-probs and the policy's forward is skipped — entirely for
+    value_mode "none" (GRPO) and "critic" (only the critic's trunk runs for the values);
+    for "head" the policy trunk still runs for the values, without its LM head. Otherwise
+    the policy forward re-scores them. The reference forward always runs.
 
     Use it to fill a Trajectory: `batch.replace(old_logprobs=lp, ref_logprobs=ref, values=v)`.
 
     `cfg.micro_batch` > 0 scores the rows in chunks of that many (`lax.map`), so only one
     chunk's activations are live (the whole batch at once needs [B, heads, S, S] attention
     temporaries). Chunk i holds rows i, i + B/m, ...: strided, so rows split along the data
-    axes stay split inside every chunk. Results are the same as unchunked.
+    axes stay split inside every chunk (and prompt groups, `cfg.prompt_group`, are not
+    shared inside a chunk). Results are the same as unchunked.
     """
+    source = old_logprobs_source(pdef, cfg, rollout_logprobs is not None)
     rows = batch.response_tokens.shape[0]
+    if source == "rollout":
+        rollout_logprobs = jnp.asarray(rollout_logprobs, jnp.float32)
+        if rollout_logprobs.shape != batch.response_tokens.shape:
+            raise ValueError(f"rollout_logprobs has shape {rollout_logprobs.shape}, expected "
+                             f"{batch.response_tokens.shape}")
+    else:
+        rollout_logprobs = None
     micro = int(getattr(cfg, "micro_batch", 0) or 0)
     if 0 < micro < rows:
         if rows % micro:
             raise ValueError(f"micro_batch={micro} does not divide the {rows} scored rows")
         n = rows // micro
         chunks = jax.tree.map(
-            lambda x: jnp.swapaxes(x.reshape((micro, n) + x.shape[1:]), 0, 1), batch)
+            lambda x: jnp.swapaxes(x.reshape((micro, n) + x.shape[1:]), 0, 1),
+            (batch, rollout_logprobs))
+        ccfg = cfg.replace(prompt_group=0) if _group(cfg, rows) else cfg
         out = jax.lax.map(
-            lambda b: _score_rows(pdef, params, ref_params, b, cfg, grammar), chunks)
+            lambda a: _score_rows(pdef, params, ref_params, a[0], ccfg, grammar, a[1]), chunks)
         return jax.tree.map(lambda y: jnp.swapaxes(y, 0, 1).reshape((rows,) + y.shape[2:]),
                             out)
-    return _score_rows(pdef, params, ref_params, batch, cfg, grammar)
+    return _score_rows(pdef, params, ref_params, batch, cfg, grammar, rollout_logprobs)
 
 
-def _score_rows(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, grammar=None):
-    """score_batch over all rows of `batch` at once."""
+def _score_rows(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, grammar=None,
+                rollout_logprobs=None):
+    """score_batch over all rows of `batch` at once; rollout_logprobs [B, R] or None (then
+    the policy forward re-scores)."""
     params = jax.lax.stop_gradient(params)
     m = batch.response_mask.astype(jnp.float32)
-    ev = evaluate(pdef, params, ref_params, batch, cfg, with_values=True, grammar=grammar)
+    if rollout_logprobs is None:
+        ev = evaluate(pdef, params, ref_params, batch, cfg, with_values=True, grammar=grammar)
+        lp, values = ev.logprobs, ev.values
+    else:
+        lp = jax.lax.stop_gradient(rollout_logprobs)
+        values = (values_only(pdef, params, ref_params, batch, cfg) if pdef.has_values
+                  else None)
     ref = reference_logprobs(pdef, ref_params, batch, cfg, grammar=grammar)
-    values = ev.values if ev.values is not None else jnp.zeros_like(ev.logprobs)
-    return ev.logprobs * m, ref * m, values * m
+    values = values if values is not None else jnp.zeros_like(lp)
+    return lp * m, ref * m, values * m
 
 
 def _chunk(cfg) -> int:

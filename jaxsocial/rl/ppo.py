@@ -203,7 +203,8 @@ def make_update(cfg: PPOConfig, pdef, donate: bool = False, grammar=None) -> opt
         new_state, metrics = optim.run_epochs(
             lambda *a: loss_fn(*a, grammar), tx, schedule, train_state, rows,
             epochs=cfg.ppo_epochs, num_minibatches=cfg.num_minibatches,
-            grad_accum_steps=cfg.grad_accum_steps, micro_batch=cfg.micro_batch, key=key)
+            grad_accum_steps=cfg.grad_accum_steps, micro_batch=cfg.micro_batch, key=key,
+            group=cfg.prompt_group)
         kl_seq = losses.sequence_kl(batch.old_logprobs, batch.ref_logprobs, mask)
         kl_state = update_kl_state(cfg, train_state.kl, kl_seq, batch.batch_size)
         metrics.update(

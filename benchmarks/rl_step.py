@@ -1,0 +1,307 @@
+"""One RL step, ours vs TRL's `GRPOTrainer`, same 19M Llama, same batch and settings.
+
+    pip install -e '.[bench]'      # trl==1.16.0 (benchmark only)
+    python benchmarks/rl_step.py                       # GRPO: ours vs TRL; PPO: ours
+    python benchmarks/rl_step.py --steps 3 --skip_trl  # ours only
+
+Setting (issue 19 item 5): preset `small_20m` (float32, random weights, gradient
+checkpointing off on both sides), 4 prompts x 8 samples, 128 prompt + 64 new tokens (no stop
+token: every response has 64 tokens; TRL: min_new_tokens=64), lr 1e-5, KL beta 0.04 (k3),
+clip 0.2, one optimisation epoch of one minibatch, temperature 1, no top-k / top-p. Reward
+(both sides): the fraction of response tokens with an id below vocab / 2.
+
+One step = generation (sampling the 32 responses) + scoring (reward, old / reference
+log-probs, values) + update (forward, backward, clip + AdamW). Ours: `generate`, then
+`policy.score_batch` with the rollout's log-probs (`old_logprobs="auto"`: reused in float32,
+so only the reference forward runs for GRPO) and `prompt_group=8` (each prompt's forward once
+per group of 8 samples, in scoring and in the update), then `grpo.make_update` /
+`ppo.make_update`. TRL: `GRPOTrainer.train(max_steps=warmup + steps)` on an HF
+`LlamaForCausalLM` holding the same weights; its phases are timed by wrapping
+`_generate` (generation), `_generate_and_score_completions` (minus generation = scoring:
+rewards + reference forward; with one iteration TRL skips the old-log-prob forward) and the
+step callbacks (the rest = update). Each side: `--warmup` untimed steps, then the median of
+`--steps` steps; ours GRPO runs before and after TRL and the two runs are pooled (the load
+of a shared machine drifts). Ours: `--ablate` also times the step without prompt sharing and with
+re-scoring (what each change buys).
+
+PPO: trl 1.16.0 has no `PPOTrainer` (it was removed from trl; nothing in `trl.experimental`
+either), so our PPO step (value head on the policy trunk, GAE, clipped value loss) is timed
+alone and compared against TRL's GRPO step as the nearest peer (TRL's PPO did strictly more
+work than its GRPO: policy + value + reference forwards and a value backward).
+
+Last line: `ours_step_s=... trl_step_s=... ratio=...` (GRPO; ratio = trl / ours, > 1: ours
+is faster).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxsocial.generation import generate
+from jaxsocial.generation.sampling import SamplingConfig
+from jaxsocial.models import checkpoint_hf, llama
+from jaxsocial.rl import buffer, grpo, optim, ppo
+from jaxsocial.rl import policy as policy_lib
+
+
+def reward_np(ids: np.ndarray, vocab: int) -> np.ndarray:
+    """[B, R] response ids -> [B] fraction of ids below vocab / 2 (the trivial reward)."""
+    return (np.asarray(ids) < vocab // 2).mean(axis=-1).astype(np.float32)
+
+
+def make_prompts(args, vocab: int) -> np.ndarray:
+    """[prompts, prompt_len] int32 random ids (>= 10: no special tokens), no padding."""
+    rs = np.random.RandomState(args.seed)
+    return rs.randint(10, vocab, (args.prompts, args.prompt_len)).astype(np.int32)
+
+
+# ----------------------------------------------------------------------------------------------
+# ours
+
+
+def ours_steps(args, model: llama.Llama, prompts: np.ndarray, algo: str, *,
+               prompt_group: int, old_logprobs: str) -> dict:
+    """Time `args.steps` steps of our `algo` after `args.warmup`: {phase: [seconds]}."""
+    vocab = model.config.vocab_size
+    g = args.group
+    common = dict(learning_rate=args.lr, kl_coef=args.beta, kl_estimator="k3",
+                  clip_eps=args.clip, ppo_epochs=1, num_minibatches=1, temperature=1.0,
+                  top_k=0, top_p=1.0, stop_token_ids=(), prompt_group=prompt_group,
+                  old_logprobs=old_logprobs)
+    if algo == "grpo":
+        cfg = grpo.GRPOConfig(group_size=g, **common)
+        mod, value_mode = grpo, "none"
+    else:
+        cfg = ppo.PPOConfig(**common)
+        mod, value_mode = ppo, "head"
+    pdef, params, ref = policy_lib.init_policy(model, value_mode=value_mode)
+    state = optim.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
+    ids = jnp.asarray(np.repeat(prompts, g, axis=0))
+    mask = jnp.ones(ids.shape, bool)
+    sc = SamplingConfig(max_new_tokens=args.new, temperature=1.0, top_k=0, top_p=1.0,
+                        stop_token_ids=())
+    score = jax.jit(lambda p, r, t, lp: policy_lib.score_batch(pdef, p, r, t, cfg,
+                                                               rollout_logprobs=lp))
+    update = mod.make_update(cfg, pdef)
+    times = {"generation": [], "scoring": [], "update": [], "step": []}
+    metrics = None
+    for i in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        weights = policy_lib.policy_weights(pdef, state.params, state.ref_params)
+        out = generate(nnx.merge(pdef.graphdef, weights), ids, mask, jax.random.key(i), sc)
+        jax.block_until_ready(out.tokens)
+        t1 = time.perf_counter()
+        scores = reward_np(out.tokens, vocab)
+        traj = buffer.make_trajectory(ids, mask, out.tokens, out.mask, scores=scores)
+        lp, ref_lp, values = score(state.params, state.ref_params, traj, out.logprobs)
+        traj = traj.replace(old_logprobs=lp, ref_logprobs=ref_lp, values=values)
+        jax.block_until_ready(traj)
+        t2 = time.perf_counter()
+        state, metrics = update(state, traj)
+        jax.block_until_ready(state.params)
+        t3 = time.perf_counter()
+        if i >= args.warmup:
+            for k, v in (("generation", t1 - t0), ("scoring", t2 - t1), ("update", t3 - t2),
+                         ("step", t3 - t0)):
+                times[k].append(v)
+    times["sanity"] = {"ratio": float(metrics["ratio"]), "loss": float(metrics["loss"]),
+                       "skipped_steps": float(metrics["skipped_steps"])}
+    return times
+
+
+# ----------------------------------------------------------------------------------------------
+# TRL
+
+
+def hf_model(model: llama.Llama):
+    """transformers LlamaForCausalLM with `model`'s weights (float32). The checkpoint folder
+    stays: TRL builds its reference model from the policy's `name_or_path`."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    d = tempfile.mkdtemp(prefix="rl_step_hf_")
+    checkpoint_hf.save_pretrained(model, d)
+    return LlamaForCausalLM.from_pretrained(d, dtype=torch.float32, local_files_only=True)
+
+
+def word_tokenizer(vocab: int):
+    """A word-level tokenizer "t0" .. "t{V-1}" -> ids 0 .. V-1 (one word = one token), so a
+    prompt of ids round-trips exactly through TRL's text interface."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t3"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    out = PreTrainedTokenizerFast(tokenizer_object=tok)
+    # Set after construction: passed to the constructor, transformers 5 adds a BOS/EOS
+    # post-processor that changes the ids.
+    out.pad_token, out.eos_token = "t0", "t2"
+    out.padding_side = "left"
+    return out
+
+
+def trl_steps(args, model: llama.Llama, prompts: np.ndarray) -> dict:
+    """Time TRL GRPOTrainer steps: {phase: [seconds]}."""
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+
+    vocab = model.config.vocab_size
+    tok = word_tokenizer(vocab)
+    texts = [" ".join(f"t{i}" for i in row) for row in prompts]
+    assert tok(texts[0])["input_ids"] == [int(i) for i in prompts[0]]
+    data = Dataset.from_dict({"prompt": texts})
+
+    def reward(prompts, completions, completion_ids, **kw):
+        return [float(reward_np(np.asarray(c)[None], vocab)[0]) for c in completion_ids]
+
+    cfg = GRPOConfig(
+        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=args.prompts * args.group,
+        num_generations=args.group, max_completion_length=args.new,
+        generation_kwargs={"min_new_tokens": args.new}, learning_rate=args.lr, beta=args.beta,
+        epsilon=args.clip, num_iterations=1, gradient_accumulation_steps=1, temperature=1.0,
+        top_p=1.0, top_k=0, max_steps=args.warmup + args.steps, lr_scheduler_type="constant",
+        warmup_steps=0, max_grad_norm=1.0, weight_decay=0.0, gradient_checkpointing=False,
+        use_cpu=True, bf16=False, fp16=False, logging_steps=10_000, save_strategy="no",
+        report_to="none", disable_tqdm=True, seed=args.seed, shuffle_dataset=False,
+        dataloader_num_workers=0, log_completions=False,
+        model_init_kwargs={"dtype": torch.float32})
+    trainer = GRPOTrainer(model=hf_model(model), reward_funcs=[reward], args=cfg,
+                          train_dataset=data, processing_class=tok)
+    cur = {}
+    times = {"generation": [], "scoring": [], "update": [], "step": []}
+
+    def wrap(name, fn):
+        def inner(*a, **kw):
+            t = time.perf_counter()
+            out = fn(*a, **kw)
+            cur[name] = cur.get(name, 0.0) + time.perf_counter() - t
+            return out
+        return inner
+
+    trainer._generate = wrap("gen", trainer._generate)
+    trainer._generate_and_score_completions = wrap("gas",
+                                                   trainer._generate_and_score_completions)
+    lengths = []
+    trainer._calculate_rewards = (lambda f: lambda inputs, p, c, ids: (
+        lengths.append(min(len(x) for x in ids)), f(inputs, p, c, ids))[1])(
+        trainer._calculate_rewards)
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, a, s, c, **kw):
+            cur.clear()
+            cur["t0"] = time.perf_counter()
+
+        def on_step_end(self, a, s, c, **kw):
+            step = time.perf_counter() - cur["t0"]
+            if s.global_step > args.warmup:
+                times["generation"].append(cur["gen"])
+                times["scoring"].append(cur["gas"] - cur["gen"])
+                times["update"].append(step - cur["gas"])
+                times["step"].append(step)
+
+    trainer.add_callback(Clock())
+    trainer.train()
+    assert min(lengths) == args.new, f"TRL responses shorter than {args.new}: {lengths}"
+    times["threads"] = torch.get_num_threads()
+    return times
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def med(x):
+    return statistics.median(x)
+
+
+def row(name, t):
+    return (f"{name:34s} step {med(t['step']):6.2f} s = generation {med(t['generation']):5.2f}"
+            f" + scoring {med(t['scoring']):5.2f} + update {med(t['update']):5.2f}"
+            f"  (steps: {', '.join(f'{x:.2f}' for x in t['step'])})")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="small_20m")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--group", type=int, default=8, help="samples per prompt")
+    ap.add_argument("--prompt_len", type=int, default=128)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--beta", type=float, default=0.04)
+    ap.add_argument("--clip", type=float, default=0.2)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--torch_threads", type=int, default=1,
+                    help="torch.set_num_threads for TRL (0 = torch's default, one per core). 1 "
+                         "by default: on a shared machine torch's OpenMP threads degrade badly "
+                         "(measured at load ~5 on 2 cores: 56 s per TRL step with 2 threads, "
+                         "18 s with 1)")
+    ap.add_argument("--skip_trl", action="store_true")
+    ap.add_argument("--skip_ppo", action="store_true")
+    ap.add_argument("--ablate", action="store_true",
+                    help="also time ours without prompt sharing / with re-scoring")
+    args = ap.parse_args()
+
+    cfg = llama.preset(args.preset, dtype="float32", param_dtype="float32")
+    model = llama.Llama(cfg, rngs=nnx.Rngs(args.seed))
+    prompts = make_prompts(args, cfg.vocab_size)
+    print(f"model {args.preset}: {cfg.num_params() / 1e6:.1f}M params, float32, backend "
+          f"{jax.default_backend()}, {os.cpu_count()} CPUs, load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; {args.prompts} prompts x "
+          f"{args.group} samples x ({args.prompt_len} prompt + {args.new} new tokens); lr "
+          f"{args.lr}, beta {args.beta} (k3), clip {args.clip}; median of {args.steps} steps "
+          f"after {args.warmup} warm-up")
+    res = {}
+    res["ours_grpo"] = ours_steps(args, model, prompts, "grpo", prompt_group=args.group,
+                                  old_logprobs="auto")
+    print(row("ours GRPO", res["ours_grpo"]), flush=True)
+    if args.ablate:
+        for name, pg, ol in (("ours GRPO, no prompt sharing", 0, "auto"),
+                             ("ours GRPO, no sharing, re-scored", 0, "rescore")):
+            res[name] = ours_steps(args, model, prompts, "grpo", prompt_group=pg,
+                                   old_logprobs=ol)
+            print(row(name, res[name]), flush=True)
+    if not args.skip_ppo:
+        res["ours_ppo"] = ours_steps(args, model, prompts, "ppo", prompt_group=args.group,
+                                     old_logprobs="auto")
+        print(row("ours PPO (value head)", res["ours_ppo"]), flush=True)
+    trl = float("nan")
+    if not args.skip_trl:
+        res["trl_grpo"] = trl_steps(args, model, prompts)
+        print(row(f"TRL GRPOTrainer ({res['trl_grpo']['threads']} torch threads)",
+                  res["trl_grpo"]), flush=True)
+        trl = med(res["trl_grpo"]["step"])
+        if "ours_ppo" in res:
+            print(f"PPO: no PPOTrainer in trl 1.16.0; TRL GRPO step / our PPO step = "
+                  f"{trl / med(res['ours_ppo']['step']):.2f}")
+        # Load drifts on a shared machine: time ours again after TRL and pool both runs.
+        after = ours_steps(args, model, prompts, "grpo", prompt_group=args.group,
+                           old_logprobs="auto")
+        print(row("ours GRPO (again, after TRL)", after), flush=True)
+        for k in ("generation", "scoring", "update", "step"):
+            res["ours_grpo"][k] = res["ours_grpo"][k] + after[k]
+        print(row("ours GRPO (both runs pooled)", res["ours_grpo"]), flush=True)
+    ours = med(res["ours_grpo"]["step"])
+    print(f"sanity: ours GRPO first ratio {res['ours_grpo']['sanity']}")
+    print(json.dumps({k: {p: (med(v) if isinstance(v, list) else v) for p, v in t.items()}
+                      for k, t in res.items()}))
+    print(f"ours_step_s={ours:.3f} trl_step_s={trl:.3f} ratio={trl / ours:.2f}")
+
+
+if __name__ == "__main__":
+    main()
