@@ -160,6 +160,9 @@ def make_epoch(run) -> EpochFns:
     non_post_baseline = bool(r.get("non_post_baseline", False))
     non_post, normalize = float(r.non_post), r.normalize
     text_posts = int(c.train.get("text_metrics_posts", 4096))
+    # rl.old_logprobs: the rollout's log-probs serve as the old log-probs where they are exact
+    # (`policy.old_logprobs_source`), and the policy's scoring forward is skipped.
+    reuse_logprobs = run.old_logprobs == "rollout"
 
     def embed(ref_params, content: Array) -> Array:
         """Frozen encoder: content [B, L] -> unit embeddings [B, d]."""
@@ -262,12 +265,15 @@ def make_epoch(run) -> EpochFns:
             # allowed set from the grammar tables.
             batch = batch.replace(fsm_states=grammar_lib.step_states(
                 grammar, batch.response_tokens, batch.response_mask))
-        batch = rows_on_data_axes(batch, mesh)  # each device scores its share of the rows
+        # each device scores its share of the rows
+        batch, rollout_lp = rows_on_data_axes((batch, flat(ro.logprobs)), mesh)
         lp, ref, values = policy_lib.score_batch(pdef, train.params, train.ref_params, batch,
-                                                 rl_config, grammar)
+                                                 rl_config, grammar, rollout_logprobs=rollout_lp)
         batch = batch.replace(old_logprobs=lp, ref_logprobs=ref, values=values)
-        # How far the rollout's own log-probs are from the re-scored ones (should be ~0).
-        gap = jnp.max(jnp.abs(jnp.where(batch.response_mask, lp - flat(ro.logprobs), 0.0)))
+        if reuse_logprobs:  # nothing was re-scored to compare with
+            gap = jnp.float32(jnp.nan)
+        else:  # how far the rollout's own log-probs are from the re-scored ones (~0)
+            gap = jnp.max(jnp.abs(jnp.where(batch.response_mask, lp - rollout_lp, 0.0)))
         return batch, s, eng, gap
 
     def update(train: TrainState, batch, grammar=None):

@@ -147,6 +147,7 @@ class SocialRL:
             value_mode="none" if c.rl.algo == "grpo" else c.rl.value_mode)
         self.pdef = pdef
         self._init_params, self._init_ref = params, ref
+        self.old_logprobs = policy_lib.old_logprobs_source(pdef, self.rl_config, True)
         make = grpo_lib.make_update if c.rl.algo == "grpo" else ppo_lib.make_update
         self.update = make(self.rl_config, pdef, grammar=self.grammar)
         # Frozen post encoder: reference hidden states, mean-pooled, fixed random projection.
@@ -424,7 +425,10 @@ class SocialRL:
             "action_mix": mix,
             "crowd_posts": int(v.crowd_posts),
             "likes_hist": np.bincount(likes.astype(int), minlength=1).tolist() if n_posts else [],
-            "logprob_gap": float(v.logprob_gap),
+            # rl.old_logprobs: "rollout" = the rollout's log-probs were the old log-probs
+            # (nothing re-scored); "rescore" = re-scored, logprob_gap = max |rollout - rescored|
+            "old_logprobs": self.old_logprobs,
+            **({"logprob_gap": float(v.logprob_gap)} if self.old_logprobs == "rescore" else {}),
             # fused_epoch: one program, so rollout_s / tokens_per_s / ticks_per_s cover the
             # whole epoch (rollout, scoring and update)
             "fused_epoch": bool(self.fused),
