@@ -50,12 +50,10 @@ def _rows(x: Array, on: bool) -> Array:
     return sharding.constrain_rows(x) if on else x
 
 
-def _gather_here(on: bool, x: Array, *kernels):
-    """(x, kernel arrays); when `on`, tied by an optimization barrier on a mesh, so each
-    layer's weight all-gathers stay inside the layer (`sharding.gather_in_place`)."""
+def _gather_here(x: Array, *kernels):
+    """(x, kernel arrays) tied by an optimization barrier on a mesh, so each layer's weight
+    all-gathers stay inside the layer (`jaxsocial.train.sharding.gather_in_place`)."""
     from jaxsocial.train import sharding  # noqa: PLC0415 (models <- train)
-    if not on:
-        return x, tuple(k[...] for k in kernels)
     return sharding.gather_in_place(x, kernels)
 
 
@@ -389,8 +387,7 @@ class Attention(nnx.Module):
         b, t, _ = x.shape
         dt = x.dtype
         on = _weights_move(x)
-        x, (wq, wk, wv, wo) = _gather_here(on, x, self.q_proj, self.k_proj, self.v_proj,
-                                           self.o_proj)
+        x, (wq, wk, wv, wo) = _gather_here(x, self.q_proj, self.k_proj, self.v_proj, self.o_proj)
         q = _rows(self._linear(x, wq, self.q_bias), on).reshape(b, t, self.n, self.d)
         k = _rows(self._linear(x, wk, self.k_bias), on).reshape(b, t, self.k, self.d)
         v = _rows(self._linear(x, wv, self.v_bias), on).reshape(b, t, self.k, self.d)
@@ -441,7 +438,7 @@ class MLP(nnx.Module):
     def __call__(self, x):
         dt = x.dtype
         on = _weights_move(x)
-        x, (wg, wu, wd) = _gather_here(on, x, self.gate_proj, self.up_proj, self.down_proj)
+        x, (wg, wu, wd) = _gather_here(x, self.gate_proj, self.up_proj, self.down_proj)
         g = _rows(x @ wg.astype(dt), on)
         u = _rows(x @ wu.astype(dt), on)
         return _rows((jax.nn.silu(g) * u) @ wd.astype(dt), on)
