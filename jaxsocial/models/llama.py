@@ -35,6 +35,28 @@ _ROPE_REQUIRED_KEYS = {"default": (), "linear": ("factor",),
                                   "original_max_position_embeddings")}
 
 
+def _weights_move(x: Array) -> bool:
+    """Whether a [B, T, H] layer input is larger than its layer's weights' contraction side
+    (B * T tokens > H): then the fsdp-sharded weights should be gathered to the rows
+    (prefill, scoring, training), not the rows to the weights (one-token decode steps, tiny
+    batches: XLA's own choice is kept there)."""
+    return x.ndim == 3 and x.shape[0] * x.shape[1] > x.shape[2]
+
+
+def _rows(x: Array, on: bool) -> Array:
+    """When `on`: the rows (batch dim) stay split along the mesh's data axes inside jit
+    (`jaxsocial.train.sharding.constrain_rows`; a no-op without a mesh)."""
+    from jaxsocial.train import sharding  # noqa: PLC0415 (models <- train)
+    return sharding.constrain_rows(x) if on else x
+
+
+def _gather_here(x: Array, *kernels):
+    """(x, kernel arrays) tied by an optimization barrier on a mesh, so each layer's weight
+    all-gathers stay inside the layer (`jaxsocial.train.sharding.gather_in_place`)."""
+    from jaxsocial.train import sharding  # noqa: PLC0415 (models <- train)
+    return sharding.gather_in_place(x, kernels)
+
+
 def as_dtype(name: Union[str, Any]) -> Any:
     """'bfloat16' | jnp.bfloat16 -> jnp dtype, with a clear error for anything else."""
     if isinstance(name, str):
@@ -364,9 +386,11 @@ class Attention(nnx.Module):
         (`LlamaConfig.attention_chunk`)."""
         b, t, _ = x.shape
         dt = x.dtype
-        q = self._linear(x, self.q_proj, self.q_bias).reshape(b, t, self.n, self.d)
-        k = self._linear(x, self.k_proj, self.k_bias).reshape(b, t, self.k, self.d)
-        v = self._linear(x, self.v_proj, self.v_bias).reshape(b, t, self.k, self.d)
+        on = _weights_move(x)
+        x, (wq, wk, wv, wo) = _gather_here(x, self.q_proj, self.k_proj, self.v_proj, self.o_proj)
+        q = _rows(self._linear(x, wq, self.q_bias), on).reshape(b, t, self.n, self.d)
+        k = _rows(self._linear(x, wk, self.k_bias), on).reshape(b, t, self.k, self.d)
+        v = _rows(self._linear(x, wv, self.v_bias), on).reshape(b, t, self.k, self.d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q, positions, inv_freq)
@@ -400,7 +424,7 @@ class Attention(nnx.Module):
             out = jnp.moveaxis(out, 0, 1).reshape((b, n_blk * c) + out.shape[3:])[:, :t]
         else:
             out = attend(q, bias)
-        return self._linear(out.reshape(b, t, self.n * self.d), self.o_proj, self.o_bias)
+        return _rows(self._linear(out.reshape(b, t, self.n * self.d), wo, self.o_bias), on)
 
 
 class MLP(nnx.Module):
@@ -413,9 +437,11 @@ class MLP(nnx.Module):
 
     def __call__(self, x):
         dt = x.dtype
-        g = x @ self.gate_proj[...].astype(dt)
-        u = x @ self.up_proj[...].astype(dt)
-        return (jax.nn.silu(g) * u) @ self.down_proj[...].astype(dt)
+        on = _weights_move(x)
+        x, (wg, wu, wd) = _gather_here(x, self.gate_proj, self.up_proj, self.down_proj)
+        g = _rows(x @ wg.astype(dt), on)
+        u = _rows(x @ wu.astype(dt), on)
+        return _rows((jax.nn.silu(g) * u) @ wd.astype(dt), on)
 
 
 class DecoderLayer(nnx.Module):

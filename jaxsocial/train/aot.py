@@ -18,7 +18,10 @@ mark as the loop (`SocialRL.run_epoch`) holds its buffers.
 Caveat: this is XLA's CPU backend. The SPMD partitioning, buffer sizes and argument/output
 accounting are the target's; the temporaries depend on the backend's fusion and scheduling
 decisions (GPU/TPU fuse more, so CPU temporaries are usually an upper bound; CPU also widens
-some bf16 arithmetic to f32).
+some bf16 arithmetic to f32). The CPU's default concurrency-optimised scheduler also issues
+independent work (e.g. every layer's weight all-gathers) as early as it can, far from what a
+memory-bounded TPU/GPU schedule keeps live: `benchmarks/aot_memory.py` compiles with
+`--xla_cpu_enable_concurrency_optimized_scheduler=false` unless told otherwise.
 """
 
 from __future__ import annotations

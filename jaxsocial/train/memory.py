@@ -30,9 +30,10 @@ class MemoryEstimate:
     """Bytes per device, by component, and the peak of each of the epoch's programs.
 
     programs: {"rollout", "score", "update"} -> per-device bytes alive while that program runs
-    (its arguments, outputs and temporaries, plus the run state it does not take). `total` is
-    the largest of them (the epoch's high-water mark); without programs, the sum of the
-    components.
+    (its arguments, outputs and temporaries, plus the run state it does not take), and
+    "epoch" for the one-program epoch (`estimate(donate=True)`). `total` is the epoch's figure
+    when there is one, else the largest program (the three-program epoch's high-water mark);
+    without programs, the sum of the components.
     """
 
     params: int
@@ -50,6 +51,8 @@ class MemoryEstimate:
 
     @property
     def peak(self) -> int:
+        if "epoch" in self.programs:
+            return self.programs["epoch"]
         return max(self.programs.values()) if self.programs else sum(self.components.values())
 
     @property
@@ -100,6 +103,19 @@ def _shard_factor(shape, names, mesh: Dict[str, int]) -> int:
             used.update(axes)
             factor *= f
     return factor
+
+
+def row_split(rows: int, mesh: Dict[str, int], logical: str = "batch") -> int:
+    """How many ways `rows` are split: the largest product of the `logical` rule's mesh axes
+    that divides them (as `sharding._row_axes` places them; 96 rows on (4, 16, 1): 16)."""
+    axes = LOGICAL_AXIS_RULES[logical]
+    sizes = [mesh[a] for a in ((axes,) if isinstance(axes, str) else axes) if mesh[a] > 1]
+    best = 1
+    for m in range(1, 2 ** len(sizes)):
+        n = math.prod(x for j, x in enumerate(sizes) if m >> j & 1)
+        if rows % n == 0:
+            best = max(best, n)
+    return best
 
 
 def params_per_device(cfg: LlamaConfig, mesh: Dict[str, int]) -> int:
@@ -251,10 +267,67 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     gather = 2 * big if mesh["fsdp"] > 1 else 0
     update = (state + math.ceil(batch_bytes / data) + new_state + 2 * grads + merged
               + activations + gather)
+    programs = {"rollout": int(rollout), "score": int(score), "update": int(update)}
+    if donate:
+        programs["epoch"] = int(_fused_epoch(
+            cfg, mesh, state=state + merged, batch=batch, rows=rows, prompt_len=prompt_len,
+            seq=seq, micro=int(train_micro_batch or rows), attention_chunk=attention_chunk,
+            response_len=response_len, pbytes=pbytes, cbytes=cbytes,
+            logits_chunk_bytes=logits_chunk_bytes, lora=bool(lora_rank)))
     return MemoryEstimate(params=params, grads=grads, optimizer=opt, reference=reference,
-                          kv_cache=kv_cache, activations=activations,
-                          programs={"rollout": int(rollout), "score": int(score),
-                                    "update": int(update)})
+                          kv_cache=kv_cache, activations=activations, programs=programs)
+
+
+def _fused_epoch(cfg: LlamaConfig, mesh: Dict[str, int], *, state: int, batch: int, rows: int,
+                 prompt_len: int, seq: int, micro: int, attention_chunk: int, response_len: int,
+                 pbytes: int, cbytes: int, logits_chunk_bytes: int, lora: bool) -> int:
+    """Per-device bytes of the one-program epoch (state donated), the way XLA's CPU backend
+    (memory-minimising scheduler) counts it: the run state, plus the larger of the rollout's
+    and the update's working sets, plus what every layer adds.
+
+    Calibrated on `benchmarks/aot_memory.py --programs=epoch --layers=1,2` at three points
+    (8B on (1, 8, 1) and (4, 16, 1), 1B on one device: docs/scaling.md); the per-row terms
+    count rows split as the row constraints split them (`row_split`)."""
+    t = max(1, mesh["tensor"])
+    heads_l = cfg.num_attention_heads // (t if cfg.num_attention_heads % t == 0 else 1)
+    kv_l = cfg.num_key_value_heads // (t if cfg.num_key_value_heads % t == 0 else 1)
+    h, L = cfg.hidden_size, cfg.num_hidden_layers
+    # One vocab x hidden matrix in float32 (the embedding / LM head as the CPU computes with
+    # it: bf16 dots are widened), split only by tensor.
+    vocab_f32 = cfg.vocab_size * h * 4 // (t if cfg.vocab_size % t == 0 else 1)
+    q_rows = attention_chunk if 0 < attention_chunk < prompt_len else prompt_len
+    # Rollout: each device prefills its share of the prompts (b_r rows); ~3 float32 attention
+    # blocks [b_r, heads, chunk, S] are live, beside the LM head.
+    b_r = math.ceil(batch / row_split(batch, mesh))
+    rollout = 3 * b_r * heads_l * q_rows * seq * 4 + vocab_f32
+    # Update: one micro-batch (mb_d rows per device): its attention blocks and logits chunks.
+    # When its rows lie on fsdp -- the axis that splits the weights' embed dim -- the LM head
+    # and the embedding are gathered whole with their gradient (3 float32 vocab matrices);
+    # rows on other axes leave them sharded (XLA moves the activations instead).
+    split = row_split(micro, mesh)
+    mb_d = math.ceil(micro / split)
+    rows_on_fsdp = mesh["fsdp"] > 1 and split % mesh["fsdp"] == 0
+    update = (3 * mb_d * heads_l * q_rows * seq * 4
+              + 3 * min(logits_chunk_bytes, mb_d * response_len * cfg.vocab_size * 4)
+              + (3 * vocab_f32 if rows_on_fsdp and not lora else 0))
+    # Per layer: the KV cache of the device's prompts, one more copy of the layer's trainable
+    # state on the device (parameters + two Adam moments: the guarded step's new values), and
+    # the micro-batch's saved layer input (remat, float32).
+    layer_local = (params_per_device(cfg, mesh)
+                   - _vocab_params_per_device(cfg, mesh)) * pbytes // max(L, 1)
+    per_layer = (2 * b_r * seq * kv_l * cfg.head_dim * cbytes
+                 + (0 if lora else 3 * layer_local)
+                 + mb_d * seq * h * 4)
+    trajectories = math.ceil(rows / row_split(rows, mesh)) * (prompt_len * 5 + response_len * 9)
+    return state + max(rollout, update) + L * per_layer + trajectories
+
+
+def _vocab_params_per_device(cfg: LlamaConfig, mesh: Dict[str, int]) -> int:
+    """Parameter count of the embedding (and untied LM head) held by one device."""
+    shapes = _param_shapes(cfg)
+    return sum(count * math.prod(shape) // _shard_factor(shape, names, mesh)
+               for name, (shape, names, count) in shapes.items()
+               if name in ("embed_tokens", "lm_head"))
 
 
 def check_fits(est: MemoryEstimate, device_bytes: int, headroom: float = 0.9) -> bool:
