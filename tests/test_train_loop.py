@@ -20,7 +20,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = ("tokens_per_s", "ticks_per_s", "rollout_s", "wall_s")
 # Across device layouts the reductions run in another order: states agree to this
 # (relative to each leaf's largest value), not bit-exactly.
-DEVICE_TOL = dict(rtol=1e-4, atol=1e-4)
+# 1 vs 8 devices sum in different orders. Adam's first step moves a weight by about
+# lr * g / (|g| + eps): where a gradient is near zero, the order's rounding moves that weight by
+# up to ~2e-4 of its leaf's scale (the row-split projections of the update, llama.py). The
+# negative controls move one element by 1e-3 of the scale: five times this tolerance.
+DEVICE_TOL = dict(rtol=2e-4, atol=2e-4)
 
 
 def load_config(name, arg=None):
