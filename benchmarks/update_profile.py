@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from decode_profile import best  # benchmarks/: best of n timed calls after a warm-up
 from flax import nnx
 
 from jaxsocial.generation import sampling as sampling_lib
@@ -38,16 +38,6 @@ from jaxsocial.generation import scoring
 from jaxsocial.models import llama
 from jaxsocial.rl import buffer, grpo, optim
 from jaxsocial.rl import policy as policy_lib
-
-
-def best(fn, repeats: int) -> float:
-    jax.block_until_ready(fn())  # compile + warm up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def head_variant(hidden, w, tokens, scfg, *, remat=True, lse=False, entropy=True, chunk=0):
