@@ -149,10 +149,10 @@ def test_rows_split_along_the_largest_dividing_data_axes():
     (16-way, 6 per device) instead of every device holding all 96; the estimator's row rule
     is the same."""
     mesh = sharding.make_mesh((2, 4, 1))
-    assert sharding._row_axes(mesh, "batch", 16) == ("data", "fsdp")
-    assert sharding._row_axes(mesh, "batch", 12) == ("fsdp",)
-    assert sharding._row_axes(mesh, "batch", 6) == ("data",)
-    assert sharding._row_axes(mesh, "batch", 3) == ()
+    assert sharding.row_axes(mesh, "batch", 16) == ("data", "fsdp")
+    assert sharding.row_axes(mesh, "batch", 12) == ("fsdp",)
+    assert sharding.row_axes(mesh, "batch", 6) == ("data",)
+    assert sharding.row_axes(mesh, "batch", 3) == ()
     sh = sharding.tree_data_shardings({"a": jax.numpy.zeros((12, 3)),
                                        "b": jax.numpy.zeros((3,))}, mesh)
     assert sh["a"].spec == jax.sharding.PartitionSpec("fsdp", None)

@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxsocial.models import partitioning
+
 Array = jax.Array
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -45,16 +47,14 @@ def _weights_move(x: Array) -> bool:
 
 def _rows(x: Array, on: bool) -> Array:
     """When `on`: the rows (batch dim) stay split along the mesh's data axes inside jit
-    (`jaxsocial.train.sharding.constrain_rows`; a no-op without a mesh)."""
-    from jaxsocial.train import sharding  # noqa: PLC0415 (models <- train)
-    return sharding.constrain_rows(x) if on else x
+    (`partitioning.constrain_rows`; a no-op without a mesh)."""
+    return partitioning.constrain_rows(x) if on else x
 
 
 def _gather_here(x: Array, *kernels):
     """(x, kernel arrays) tied by an optimization barrier on a mesh, so each layer's weight
-    all-gathers stay inside the layer (`jaxsocial.train.sharding.gather_in_place`)."""
-    from jaxsocial.train import sharding  # noqa: PLC0415 (models <- train)
-    return sharding.gather_in_place(x, kernels)
+    all-gathers stay inside the layer (`partitioning.gather_in_place`)."""
+    return partitioning.gather_in_place(x, kernels)
 
 
 def as_dtype(name: Union[str, Any]) -> Any:
