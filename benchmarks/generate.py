@@ -40,16 +40,22 @@ from jaxsocial.models import checkpoint_hf, llama
 generate_module = importlib.import_module("jaxsocial.generation.generate")
 
 
-def torch_model(model: llama.Llama):
+def torch_model(model: llama.Llama, directory: str = ""):
     """transformers LlamaForCausalLM holding `model`'s weights: `checkpoint_hf.save_pretrained` then
-    `LlamaForCausalLM.from_pretrained` (float32)."""
+    `LlamaForCausalLM.from_pretrained` (float32, eval mode). `directory`: where the checkpoint
+    is written and kept (default: a temporary folder, removed)."""
     import torch
     from transformers import LlamaForCausalLM
 
-    with tempfile.TemporaryDirectory() as d:
+    def load(d):
         checkpoint_hf.save_pretrained(model, d)
         return LlamaForCausalLM.from_pretrained(d, dtype=torch.float32,
                                                 local_files_only=True).eval()
+
+    if directory:
+        return load(directory)
+    with tempfile.TemporaryDirectory() as d:
+        return load(d)
 
 
 def roofline(prompt: int, new: int, batch: int = 196, hbm_bytes_s: float = 4.3e12,

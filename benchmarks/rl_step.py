@@ -45,10 +45,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from generate import torch_model  # benchmarks/: our weights in a transformers Llama
 
 from jaxsocial.generation import generate
 from jaxsocial.generation.sampling import SamplingConfig
-from jaxsocial.models import checkpoint_hf, llama
+from jaxsocial.models import llama
 from jaxsocial.rl import buffer, grpo, optim, ppo
 from jaxsocial.rl import policy as policy_lib
 
@@ -122,17 +123,6 @@ def ours_steps(args, model: llama.Llama, prompts: np.ndarray, algo: str, *,
 # TRL
 
 
-def hf_model(model: llama.Llama):
-    """transformers LlamaForCausalLM with `model`'s weights (float32). The checkpoint folder
-    stays: TRL builds its reference model from the policy's `name_or_path`."""
-    import torch
-    from transformers import LlamaForCausalLM
-
-    d = tempfile.mkdtemp(prefix="rl_step_hf_")
-    checkpoint_hf.save_pretrained(model, d)
-    return LlamaForCausalLM.from_pretrained(d, dtype=torch.float32, local_files_only=True)
-
-
 def word_tokenizer(vocab: int):
     """A word-level tokenizer "t0" .. "t{V-1}" -> ids 0 .. V-1 (one word = one token), so a
     prompt of ids round-trips exactly through TRL's text interface."""
@@ -179,7 +169,10 @@ def trl_steps(args, model: llama.Llama, prompts: np.ndarray) -> dict:
         report_to="none", disable_tqdm=True, seed=args.seed, shuffle_dataset=False,
         dataloader_num_workers=0, log_completions=False,
         model_init_kwargs={"dtype": torch.float32})
-    trainer = GRPOTrainer(model=hf_model(model), reward_funcs=[reward], args=cfg,
+    # The checkpoint folder stays: TRL builds its reference model from the policy's
+    # `name_or_path` (the Trainer puts the policy in train mode itself).
+    hf = torch_model(model, tempfile.mkdtemp(prefix="rl_step_hf_"))
+    trainer = GRPOTrainer(model=hf, reward_funcs=[reward], args=cfg,
                           train_dataset=data, processing_class=tok)
     cur = {}
     times = {"generation": [], "scoring": [], "update": [], "step": []}

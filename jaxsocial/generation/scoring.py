@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from jaxsocial.generation import grammar as grammar_lib
 from jaxsocial.generation import sampling as sampling_lib
+from jaxsocial.models import llama
 
 Array = jax.Array
 
@@ -30,8 +31,7 @@ def response_hidden(model, ids: Array, mask: Array, p: int, r: int) -> tuple[Arr
     head is applied chunk by chunk in `token_stats`.
     """
     hidden = jax.lax.slice_in_dim(model.forward(ids, mask).hidden, p - 1, p - 1 + r, axis=1)
-    w = model.embed_tokens[...].T if model.lm_head is None else model.lm_head[...]
-    return hidden, w
+    return hidden, model.unembedding()
 
 
 def prompts_shared(prompt_ids: Array, prompt_mask: Array, group: int) -> Array:
@@ -61,8 +61,6 @@ def response_hidden_grouped(model, prompt_ids: Array, prompt_mask: Array,
     gradient is the full forward's too. Work: G * P + B * (R - 1) token-forwards instead of
     B * (P + R - 1).
     """
-    from jaxsocial.models import llama  # the model module imports nothing from generation
-
     b, p = prompt_ids.shape
     r = response_ids.shape[1]
     if b % group:
@@ -82,8 +80,7 @@ def response_hidden_grouped(model, prompt_ids: Array, prompt_mask: Array,
         out = model.forward(response_ids[:, :r - 1].astype(jnp.int32),
                             response_mask[:, :r - 1].astype(bool), cache=cache)
         hidden = jnp.concatenate([hidden, out.hidden], axis=1)
-    w = model.embed_tokens[...].T if model.lm_head is None else model.lm_head[...]
-    return hidden, w
+    return hidden, model.unembedding()
 
 
 def response_hidden_auto(model, prompt_ids: Array, prompt_mask: Array, response_ids: Array,

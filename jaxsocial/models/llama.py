@@ -480,10 +480,13 @@ class Llama(nnx.Module):
     def __call__(self, input_ids: Array, attention_mask: Optional[Array] = None) -> Array:
         return self.forward(input_ids, attention_mask).logits
 
+    def unembedding(self) -> Array:
+        """The LM head as an [H, V] matrix (the embedding's transpose when weights are tied)."""
+        return self.embed_tokens[...].T if self.lm_head is None else self.lm_head[...]
+
     def unembed(self, hidden: Array) -> Array:
         """hidden [..., H] -> logits [..., V] float32."""
-        dt = hidden.dtype
-        w = (self.embed_tokens[...].T if self.lm_head is None else self.lm_head[...]).astype(dt)
+        w = self.unembedding().astype(hidden.dtype)
         return jnp.matmul(hidden, w, preferred_element_type=jnp.float32)
 
     def forward(self, input_ids: Array, attention_mask: Optional[Array] = None, *,

@@ -6,7 +6,7 @@ and the two in-jit hints the Llama layers give the compiler (`constrain_rows`,
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import jax
 from flax import nnx
@@ -58,19 +58,21 @@ def _variable_names(var: nnx.Variable) -> Optional[Sequence[str]]:
     return meta.get("out_sharding") or meta.get("sharding_names")
 
 
-def row_axes(mesh: Mesh, logical: str, size: Optional[int] = None) -> Tuple[str, ...]:
+def row_axes(mesh: Union[Mesh, Mapping[str, int]], logical: str,
+             size: Optional[int] = None) -> Tuple[str, ...]:
     """The mesh axes a leading (row) dim of `size` is split along: of the `logical` rule's axes
     (those > 1), the sub-tuple with the largest product that divides `size` (all of them when
     size is None). 96 rows on (data, fsdp) = (4, 16): 96 % 64 != 0, so `fsdp` (6 rows per
-    device) rather than every device holding all 96."""
+    device) rather than every device holding all 96. `mesh`: a Mesh, or its axis sizes."""
+    sizes = mesh if isinstance(mesh, Mapping) else mesh.shape
     axes = LOGICAL_AXIS_RULES[logical]
-    axes = tuple(a for a in ((axes,) if isinstance(axes, str) else axes) if mesh.shape[a] > 1)
+    axes = tuple(a for a in ((axes,) if isinstance(axes, str) else axes) if sizes[a] > 1)
     if size is None:
         return axes
     best, best_n = (), 1
     for mask in range(1, 2 ** len(axes)):
         sub = tuple(a for j, a in enumerate(axes) if mask >> j & 1)
-        n = math.prod(mesh.shape[a] for a in sub)
+        n = math.prod(sizes[a] for a in sub)
         if size % n == 0 and n > best_n:
             best, best_n = sub, n
     return best

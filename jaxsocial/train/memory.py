@@ -20,7 +20,7 @@ import numpy as np
 from absl import logging
 
 from jaxsocial.models.llama import LlamaConfig, as_dtype
-from jaxsocial.train.sharding import AXES, LOGICAL_AXIS_RULES
+from jaxsocial.train.sharding import AXES, LOGICAL_AXIS_RULES, row_axes
 
 GiB = 1024 ** 3
 
@@ -107,15 +107,8 @@ def _shard_factor(shape, names, mesh: Dict[str, int]) -> int:
 
 def row_split(rows: int, mesh: Dict[str, int], logical: str = "batch") -> int:
     """How many ways `rows` are split: the largest product of the `logical` rule's mesh axes
-    that divides them (as `sharding.row_axes` places them; 96 rows on (4, 16, 1): 16)."""
-    axes = LOGICAL_AXIS_RULES[logical]
-    sizes = [mesh[a] for a in ((axes,) if isinstance(axes, str) else axes) if mesh[a] > 1]
-    best = 1
-    for m in range(1, 2 ** len(sizes)):
-        n = math.prod(x for j, x in enumerate(sizes) if m >> j & 1)
-        if rows % n == 0:
-            best = max(best, n)
-    return best
+    that divides them (`sharding.row_axes`; 96 rows on (4, 16, 1): 16)."""
+    return math.prod(mesh[a] for a in row_axes(mesh, logical, rows))
 
 
 def params_per_device(cfg: LlamaConfig, mesh: Dict[str, int]) -> int:
