@@ -198,17 +198,24 @@ def test_general_without_checkpoint_is_a_clear_error():
         loop.SocialRL(c)
 
 
-def test_same_epoch_on_one_and_eight_devices(smoke):
-    config, run8 = smoke
-    assert run8.mesh.devices.size == 8
+def _one_epoch(run):
+    """(metrics, trained parts before, trained parts after) of the first epoch of `run`."""
+    state = run.init_state()
+    before = trained_parts(state.train)
+    state, metrics, _ = run.run_epoch(state)
+    return metrics, before, trained_parts(state.train)
+
+
+@pytest.fixture(scope="module")
+def eight_device_epoch(smoke):
+    assert smoke[1].mesh.devices.size == 8
+    return _one_epoch(smoke[1])
+
+
+def test_same_epoch_on_one_and_eight_devices(smoke, eight_device_epoch):
+    config, _ = smoke
     run1 = loop.SocialRL(config, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
-    results = []
-    for run in (run1, run8):
-        state = run.init_state()
-        before = trained_parts(state.train)
-        state, metrics, _ = run.run_epoch(state)
-        results.append((metrics, before, trained_parts(state.train)))
-    (m1, init1, t1), (m8, init8, t8) = results
+    (m1, init1, t1), (m8, init8, t8) = _one_epoch(run1), eight_device_epoch
     for k in ("avg_likes_per_post", "total_posts", "parse_failures", "zero_like_share"):
         assert m1[k] == m8[k], k
     assert m1["action_mix"] == m8["action_mix"]
@@ -224,6 +231,26 @@ def test_same_epoch_on_one_and_eight_devices(smoke):
     for part in ("params", "mu", "nu"):
         assert mismatches(t1, perturbed(t8, part), **DEVICE_TOL), part
     assert mismatches(t1, init8, **DEVICE_TOL)
+
+
+def test_scanned_layers_give_the_same_epoch_on_eight_devices(smoke, eight_device_epoch):
+    """`model.scan_layers` (the layers as one lax.scan, the KV cache one stacked buffer) on the
+    (2, 2, 2) mesh: the unrolled model's epoch (rollout, rewards, update), with negative
+    controls."""
+    config, _ = smoke
+    config = config.copy_and_resolve_references()
+    config.model.scan_layers = True
+    run = loop.SocialRL(config)
+    assert run.model_config.scan_layers and run.mesh.devices.size == 8
+    (ms, inits, ts), (m8, init8, t8) = _one_epoch(run), eight_device_epoch
+    for k in ("avg_likes_per_post", "total_posts", "parse_failures", "action_mix"):
+        assert ms[k] == m8[k], k
+    np.testing.assert_allclose(ms["ppo"]["grad_norm"], m8["ppo"]["grad_norm"], rtol=1e-4)
+    assert mismatches(inits, init8) == []
+    assert_trained(inits, ts, ms["ppo"]["grad_norm"])
+    assert mismatches(ts, t8, **DEVICE_TOL) == []
+    for part in ("params", "mu", "nu"):
+        assert mismatches(ts, perturbed(t8, part), **DEVICE_TOL), part
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):

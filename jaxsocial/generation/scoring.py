@@ -75,8 +75,7 @@ def response_hidden_grouped(model, prompt_ids: Array, prompt_mask: Array,
     c = pre.cache
     hidden = rep(pre.hidden[:, p - 1:p])
     if r > 1:
-        cache = llama.KVCache(k=tuple(map(rep, c.k)), v=tuple(map(rep, c.v)), mask=rep(c.mask),
-                              index=c.index, lengths=rep(c.lengths))
+        cache = c.map_rows(rep)
         out = model.forward(response_ids[:, :r - 1].astype(jnp.int32),
                             response_mask[:, :r - 1].astype(bool), cache=cache)
         hidden = jnp.concatenate([hidden, out.hidden], axis=1)

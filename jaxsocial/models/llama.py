@@ -115,6 +115,10 @@ class LlamaConfig:
     # [B, heads, chunk, S] float32 scores instead of [B, heads, T, S] (long prefills and
     # scoring passes). The same numbers: each query's softmax still spans every key.
     attention_chunk: int = 0
+    # Run the decoder layers as one `lax.scan` over their stacked weights (stacked inside the
+    # program; the parameter tree keeps one entry per layer): one layer's body is compiled,
+    # and each layer's fsdp weight gathers happen inside its iteration under any scheduler.
+    scan_layers: bool = False
     model_type: str = "llama"
     qkv_bias: bool = False
     o_bias: bool = False
@@ -298,10 +302,11 @@ def apply_rope(x: Array, positions: Array, inv_freq: Array) -> Array:
 @flax.struct.dataclass
 class KVCache:
     """Explicit KV cache. k, v: tuples of L arrays [B, S, K, D] (one buffer per layer, so a
-    decode step updates each layer in place instead of copying a stacked [L, ...] buffer;
-    together the same [L, B, S, K, D] allocation); mask [B, S] bool (slot holds a real token);
-    index int32 scalar (next slot to write, same for every row: batches are left-padded);
-    lengths [B] int32 (real tokens so far = position of the next token)."""
+    decode step of the unrolled layers updates each in place), or, for `scan_layers` models,
+    one [L, B, S, K, D] array each (the scan's carry, updated in place); mask [B, S] bool
+    (slot holds a real token); index int32 scalar (next slot to write, same for every row:
+    batches are left-padded); lengths [B] int32 (real tokens so far = position of the next
+    token)."""
 
     k: tuple
     v: tuple
@@ -309,14 +314,26 @@ class KVCache:
     index: Array
     lengths: Array
 
+    def map_rows(self, fn) -> "KVCache":
+        """The cache with `fn` (acting on a leading row axis) applied to every per-row array,
+        e.g. `lambda x: jnp.repeat(x, g, axis=0)`; `index` is kept."""
+        per_layer = (lambda kv: tuple(map(fn, kv))) if isinstance(self.k, tuple) else jax.vmap(fn)
+        return KVCache(k=per_layer(self.k), v=per_layer(self.v), mask=fn(self.mask),
+                       index=self.index, lengths=fn(self.lengths))
+
 
 def init_cache(config: LlamaConfig, batch: int, max_len: int, dtype: Any = None) -> KVCache:
-    """An empty cache for `batch` rows and `max_len` slots, in the compute dtype by default."""
+    """An empty cache for `batch` rows and `max_len` slots, in the compute dtype by default
+    (stacked [L, ...] arrays for a `scan_layers` config, else one array per layer)."""
     dt = as_dtype(dtype or config.dtype)
     shape = (batch, max_len, config.num_key_value_heads, config.head_dim)
-    layers = range(config.num_hidden_layers)
-    return KVCache(k=tuple(jnp.zeros(shape, dt) for _ in layers),
-                   v=tuple(jnp.zeros(shape, dt) for _ in layers),
+    if config.scan_layers:
+        k = jnp.zeros((config.num_hidden_layers,) + shape, dt)
+        kv = (k, jnp.zeros_like(k))
+    else:
+        kv = tuple(tuple(jnp.zeros(shape, dt) for _ in range(config.num_hidden_layers))
+                   for _ in "kv")
+    return KVCache(k=kv[0], v=kv[1],
                    mask=jnp.zeros((batch, max_len), bool), index=jnp.zeros((), jnp.int32),
                    lengths=jnp.zeros((batch,), jnp.int32))
 
@@ -522,8 +539,11 @@ class Llama(nnx.Module):
             if len(cache.k) != cfg.num_hidden_layers:
                 raise ValueError(f"cache has {len(cache.k)} layers, model has "
                                  f"{cfg.num_hidden_layers}")
-            chex.assert_shape(list(cache.k) + list(cache.v),
-                              (b, s, cfg.num_key_value_heads, cfg.head_dim))
+            one = (b, s, cfg.num_key_value_heads, cfg.head_dim)
+            if isinstance(cache.k, tuple):
+                chex.assert_shape(list(cache.k) + list(cache.v), one)
+            else:
+                chex.assert_shape([cache.k, cache.v], (cfg.num_hidden_layers,) + one)
             idx = cache.index
             if not isinstance(idx, jax.core.Tracer) and int(idx) + t > s:
                 # Under jit this cannot be checked; dynamic_update_slice would clamp the write
@@ -533,7 +553,7 @@ class Llama(nnx.Module):
             slot_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, idx))
             q_slot, kv_slot = idx + jnp.arange(t), jnp.arange(s)
             allowed = (kv_slot[None, :] <= q_slot[:, None])[None] & slot_mask[:, None, :]
-            store = {"k": list(cache.k), "v": list(cache.v)}
+            store = {"k": list(cache.k), "v": list(cache.v)} if not cfg.scan_layers else {}
 
             def make_kv_fn(layer):
                 def kv_fn(k, v):
@@ -557,7 +577,9 @@ class Llama(nnx.Module):
 
         # Gather, then cast: casting the whole [V, H] table every call costs V*H per step.
         x = self.embed_tokens[...][input_ids].astype(dt)
-        if cfg.remat and cache is None:
+        if cfg.scan_layers:
+            x, store = self._scan_layers(x, positions, inv_freq, biases, cache)
+        elif cfg.remat and cache is None:
             def run_layer(layer, x, positions, bias):
                 return layer(x, positions, inv_freq, bias, kv_fns[0], cfg.attention_chunk)
             run_layer = nnx.remat(run_layer)
@@ -568,10 +590,65 @@ class Llama(nnx.Module):
                 x = layer(x, positions, inv_freq, bias, kv_fn, cfg.attention_chunk)
         hidden = self.norm(x)
         if cache is not None:
-            new_cache = KVCache(k=tuple(store["k"]), v=tuple(store["v"]), mask=slot_mask,
+            # The cache keeps the layout it came in (per-layer tuple or stacked array).
+            stacked_in = not isinstance(cache.k, tuple)
+            if cfg.scan_layers:
+                if not stacked_in:
+                    store = {n: tuple(a) for n, a in store.items()}
+            elif stacked_in:
+                store = {n: jnp.stack(a) for n, a in store.items()}
+            else:
+                store = {n: tuple(a) for n, a in store.items()}
+            new_cache = KVCache(k=store["k"], v=store["v"], mask=slot_mask,
                                 index=idx + t,
                                 lengths=cache.lengths + mask.sum(axis=1, dtype=jnp.int32))
         return LlamaOutput(logits=self.unembed(hidden), hidden=hidden, cache=new_cache)
+
+    def _scan_layers(self, x, positions, inv_freq, biases, cache):
+        """The decoder layers as one `lax.scan` over their weights stacked along a new leading
+        axis (config.scan_layers): x [B, T, H] -> (x, None) without a cache, else (x,
+        {"k", "v"}: the updated [L, B, S, K, D] caches, carried through the scan and written in
+        place)."""
+        cfg = self.config
+        splits = [nnx.split(layer) for layer in self.layers]
+        graphdef = splits[0][0]
+        stacked = jax.tree.map(lambda *a: jnp.stack(a), *[st for _, st in splits])
+        windows = list(dict.fromkeys(cfg.layer_windows))
+        bias_stack = jnp.stack([biases[w] for w in windows])
+        which = jnp.asarray([windows.index(w) for w in cfg.layer_windows], jnp.int32)
+        layer_ids = jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)
+
+        if cache is None:
+            def body(x, xs):
+                st, w = xs
+                layer = nnx.merge(graphdef, st)
+                return layer(x, positions, inv_freq, bias_stack[w], lambda k, v: (k, v),
+                             cfg.attention_chunk), None
+            if cfg.remat:
+                body = jax.checkpoint(body)
+            x, _ = jax.lax.scan(body, x, (stacked, which))
+            return x, None
+
+        idx = cache.index
+        kc, vc = ((jnp.stack(cache.k), jnp.stack(cache.v)) if isinstance(cache.k, tuple)
+                  else (cache.k, cache.v))
+
+        def body(carry, xs):
+            x, kc, vc = carry
+            st, w, i = xs
+            layer = nnx.merge(graphdef, st)
+            box = {}
+
+            def kv_fn(k, v):
+                box["k"] = jax.lax.dynamic_update_slice(kc, k[None].astype(kc.dtype),
+                                                        (i, 0, idx, 0, 0))
+                box["v"] = jax.lax.dynamic_update_slice(vc, v[None].astype(vc.dtype),
+                                                        (i, 0, idx, 0, 0))
+                return box["k"][i], box["v"][i]
+            x = layer(x, positions, inv_freq, bias_stack[w], kv_fn, cfg.attention_chunk)
+            return (x, box["k"], box["v"]), None
+        (x, kc, vc), _ = jax.lax.scan(body, (x, kc, vc), (stacked, which, layer_ids))
+        return x, {"k": kc, "v": vc}
 
 
 def init(config: LlamaConfig, seed: int = 0) -> Llama:

@@ -60,7 +60,8 @@ def stop_token_ids(tokenizer, config: Optional[llama.LlamaConfig] = None) -> Tup
 def load(path_or_preset: str, dtype: Any = None, param_dtype: Any = None, *,
          tokenizer: Any = None, seed: int = 0,
          remat: Optional[bool] = None,
-         attention_chunk: Optional[int] = None) -> Tuple[llama.Llama, Any, Tuple[int, ...]]:
+         attention_chunk: Optional[int] = None,
+         scan_layers: Optional[bool] = None) -> Tuple[llama.Llama, Any, Tuple[int, ...]]:
     """-> (model, tokenizer, stop_ids).
 
     path_or_preset: a checkpoint path (HF directory, `.gguf` file or a directory holding one)
@@ -68,7 +69,8 @@ def load(path_or_preset: str, dtype: Any = None, param_dtype: Any = None, *,
     storage dtypes (`checkpoint_hf.from_pretrained`'s defaults for a path; the preset's
     otherwise). tokenizer: a tokenizer object or a path to load one from (default: the
     checkpoint's own; the tiny tokenizer for a preset). remat / attention_chunk: override
-    `config.remat` / `config.attention_chunk` (queries per attention block; 0 = all).
+    `config.remat` / `config.attention_chunk` (queries per attention block; 0 = all);
+    scan_layers: override `config.scan_layers` (the layers as one `lax.scan`).
     Raises ValueError naming the value when it is neither, or when the tokenizer's vocabulary
     does not fit the model's embedding.
     """
@@ -96,6 +98,8 @@ def load(path_or_preset: str, dtype: Any = None, param_dtype: Any = None, *,
             raise ValueError(f"attention_chunk={attention_chunk} must be >= 0 (0 = all queries "
                              f"at once)")
         model.config = model.config.replace(attention_chunk=int(attention_chunk))
+    if scan_layers is not None:
+        model.config = model.config.replace(scan_layers=bool(scan_layers))
     tokenizer = resolve_tokenizer(tokenizer if tokenizer is not None else default_tokenizer,
                                   model.config)
     return model, tokenizer, stop_token_ids(tokenizer, model.config)

@@ -27,7 +27,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict(dict(
         preset="tiny", checkpoint="", require_checkpoint=False, dtype="float32",
         param_dtype="float32", remat=False,  # remat: recompute layers in the backward pass
-        attention_chunk=0))  # queries per attention block (0 = all): bounds [B, h, T, S]
+        attention_chunk=0,  # queries per attention block (0 = all): bounds [B, h, T, S]
+        scan_layers=False))  # the layers as one lax.scan: gathers stay per layer, fast compile
     c.tokenizer = ""
     c.agents = ml_collections.ConfigDict(dict(
         num_agents=16,

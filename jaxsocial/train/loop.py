@@ -54,7 +54,8 @@ def _load(config):
     m = config.model  # model.require_checkpoint is checked by config_check
     return models.load(m.checkpoint or m.preset, dtype=m.dtype, param_dtype=m.param_dtype,
                        tokenizer=config.tokenizer or None, seed=int(config.seed),
-                       remat=bool(m.remat), attention_chunk=int(m.get("attention_chunk", 0)))
+                       remat=bool(m.remat), attention_chunk=int(m.get("attention_chunk", 0)),
+                       scan_layers=bool(m.get("scan_layers", False)))
 
 
 class _BindGrammar:
