@@ -21,6 +21,9 @@ def get_config(arg=None):
     c.model.param_dtype = "bfloat16"
     c.model.remat = True  # see docs/scaling.md: activations dominate without it
     c.model.attention_chunk = 256  # query blocks: no [rows, heads, T, S] scores (docs/scaling.md)
+    # The 32 layers as one lax.scan: each layer's weight gathers stay in its iteration under any
+    # XLA scheduler, and the program compiles once per layer body (docs/scaling.md).
+    c.model.scan_layers = True
     c.agents.num_agents = 196
     c.society.update(num_users=100_000, num_personas=32, embed_dim=64, post_capacity=65_536,
                      content_len=96, num_seed_posts=4096, feed_size=5, pool_size=512,
