@@ -1,12 +1,19 @@
 """Bytes per device before a run starts, per compiled program of the epoch (rollout, scoring,
-PPO update): parameters, reference, optimizer, gradients, KV cache, activations -- for a Llama
-config, a (data, fsdp, tensor) mesh and the rollout/update shapes.
+PPO update, and the one-program epoch): parameters, reference, optimizer, gradients, KV cache,
+activations, the society and the grammar -- for a Llama config, a (data, fsdp, tensor) mesh
+and the rollout/update shapes.
 
 Sharding follows `jaxsocial.train.sharding.LOGICAL_AXIS_RULES` (fsdp shards the embed axis,
-tensor shards heads/mlp/vocab). The activation terms are calibrated on XLA's own
-`memory_analysis()` of the compiled programs at Llama-3-8B shapes (`benchmarks/aot_memory.py`,
-table in docs/scaling.md; agreement within 7% at 32 layers) and checked on small shapes by
-tests/test_aot_memory.py; without remat the per-layer count of Korthikanti et al. (2022) is used.
+tensor shards heads/mlp/vocab; the rows split as `sharding.row_axes` splits them). Each term
+is a buffer XLA allocates for the program (read from the buffer assignment of the compiled
+programs: `benchmarks/aot_memory.py`), counted from the shapes; the figures agree with XLA's
+own `memory_analysis()` within 10% on configs/general.py's four targets (8B on (1, 8, 1),
+(4, 16, 1), LoRA on (8, 1, 1), 1B on one device), rollout, scoring, update and fused epoch,
+compiled at full depth on the CPU backend (its memory-minimising scheduler): docs/scaling.md,
+pinned by tests/test_aot_memory.py, which also checks the update on small shapes. CPU caveat:
+the CPU widens bf16 dots to float32 (the float32 weight and LM-head copies counted here) and
+packs temporaries less tightly than a GPU/TPU allocator, so these are upper bounds there.
+Without remat the per-layer count of Korthikanti et al. (2022) is used.
 """
 
 from __future__ import annotations
@@ -186,7 +193,7 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     society, an argument (and output) of the rollout and of the one-program epoch and kept
     alive beside scoring and the update (`society_bytes`), and the rollout's per-tick records
     of every post slot. grammar_bytes: the constrained-decoding tables (`tree_bytes`), an
-    argument of the rollout, scoring and the epoch.
+    argument of the rollout, scoring and the epoch (the update reads its bool table).
 
     What each program holds, per device (the terms are the buffers XLA allocates for them,
     read from the compiled programs' buffer assignment at Llama-3-8B / 3.2-1B shapes:
@@ -201,16 +208,22 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
       shard, plus the bf16 head gathered whole when fsdp splits it).
     - scoring (micro-batches of score_micro_batch rows): per model, the LM head in float32;
       the MLP activations of one micro-batch; when the rows lie on the fsdp axis, each
-      model's vocab matrices gathered whole and a copy of one model's layer shards.
-    - update: the optimizer's loop-carried parameters, moments and gradient accumulator
-      (4 x the trainable shards); the saved layer inputs of the micro-batch (remat, float32);
-      the layer gradients: when the micro-batch's rows lie on fsdp, each device computes
-      full-size float32 gradients of every layer and reduce-scatters them after the backward
-      (XLA keeps ~1.5 of them per layer); rows on other axes leave the weights sharded (XLA
-      all-reduces the float32 MLP activations instead); LoRA widens the base and the merged
-      kernels of every layer to float32 (3 float32 copies + the bf16 merge per layer).
-    - epoch: the run state, society, grammar and trajectories, plus the largest of the three
-      programs' working sets.
+      model's vocab matrices gathered whole and a copy of one model's layer shards (tied
+      embeddings: each model's embedding transposed for the head); LoRA: the merged kernels.
+    - update: the optimizer's loop state -- accumulating micro-batches, the new parameters,
+      both moments and the gradient accumulator (4 x the trainable shards), else one
+      gradient; the saved layer inputs of the micro-batch (remat, float32); the layer
+      gradients: when the micro-batch's rows lie on fsdp, each device computes full-size
+      float32 gradients of every layer and reduce-scatters them after the backward (XLA
+      allocates ~1.5 of them per layer: 3 bf16 layers); rows on other axes leave the
+      weights sharded (float32 gradient shards, and the MLP's float32 activations
+      all-reduced across fsdp); LoRA: every layer's base widened for the merge and merged
+      kernels widened for the dots (float32) beside the bf16 merge, one layer's float32
+      gradient in flight. The micro-batch's rows stay split only when its tokens outnumber
+      the hidden size (`llama._weights_move`); the new state is an output (not donated).
+    - epoch (one program, state donated): the run state, society, grammar and the rollout's
+      outputs, plus the largest of the three programs' working sets (LoRA: and the rollout's
+      merged kernels, which XLA shares with the update's first merge).
     """
     mesh = dict(zip(AXES, (int(s) for s in mesh_shape)))
     pbytes = np.dtype(as_dtype(cfg.param_dtype)).itemsize
@@ -310,14 +323,13 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     carry = (4 if minibatch > mb else 1) * trainable
     logits = min(logits_chunk_bytes, mb_d * response_len * (v // div(v, t)) * 4)
     if remat:
-        saved = L * mb_d * seq * h * 4  # each layer's input, float32
+        # Each layer's input (float32) and the backward's attention blocks (3 float32 query
+        # blocks of scores; unchunked: every layer keeps ~1.16 score tensors besides).
+        saved = L * mb_d * seq * h * 4
         q_u = attention_chunk if 0 < attention_chunk < seq else seq
         attn_u = 3 * mb_d * heads_l * q_u * seq * 4
-        if 0 < attention_chunk < seq:
-            attn_u = attn_u  # one block's scores (checkpointed blocks)
-        else:
-            saved += L * 1.16 * mb_d * heads_l * seq * seq * 4  # every layer's scores
-        saved = int(saved)
+        if not 0 < attention_chunk < seq:
+            saved += int(L * 1.16 * mb_d * heads_l * seq * seq * 4)
     else:
         # Korthikanti et al. (2022): 34*T*B*H + 5*heads*T^2*B at 16 bits per layer.
         saved = L * (34 * seq * mb_d * h // t + 5 * heads_l * seq * seq * mb_d) * cbytes // 2
@@ -345,8 +357,10 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
         vocab_u = 2 * vocab_f32
     activations = saved + attn_u + logits
     update_temp = carry + layer_grads + vocab_u + activations
-    # The three-program update does not donate its state: the new state is an output.
-    update = (2 * state + math.ceil(batch_bytes / row_split(rows, mesh))
+    # The three-program update does not donate its state: the new state is an output. Of
+    # the grammar it reads the [S, V] bool table (the FSM states came with the batch): a
+    # fifth of the tables' bytes.
+    update = (2 * state + math.ceil(batch_bytes / row_split(rows, mesh)) + grammar_bytes // 5
               + 2 * society + rollout_out + update_temp)
     programs = {"rollout": int(rollout), "score": int(score), "update": int(update)}
     if donate:
