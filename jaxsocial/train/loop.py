@@ -260,7 +260,9 @@ class SocialRL:
             remat=self.model_config.remat, trajectories=rows, minibatch_rows=minibatch,
             score_micro_batch=int(self.rl_config.micro_batch or 0),
             score_sharded=True, attention_chunk=int(self.model_config.attention_chunk),
-            donate=self.fused)
+            donate=self.fused, social_params=self.social_params,
+            text_rows=self.crowd_text.posts.size + self.crowd_text.comments.size,
+            grammar_bytes=memory.tree_bytes(self.grammar))
 
     def _check_memory(self, c) -> None:
         """Warn before a run that cannot fit (when the backend reports device memory)."""

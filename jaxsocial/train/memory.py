@@ -1,12 +1,19 @@
 """Bytes per device before a run starts, per compiled program of the epoch (rollout, scoring,
-PPO update): parameters, reference, optimizer, gradients, KV cache, activations -- for a Llama
-config, a (data, fsdp, tensor) mesh and the rollout/update shapes.
+PPO update, and the one-program epoch): parameters, reference, optimizer, gradients, KV cache,
+activations, the society and the grammar -- for a Llama config, a (data, fsdp, tensor) mesh
+and the rollout/update shapes.
 
 Sharding follows `jaxsocial.train.sharding.LOGICAL_AXIS_RULES` (fsdp shards the embed axis,
-tensor shards heads/mlp/vocab). The activation terms are calibrated on XLA's own
-`memory_analysis()` of the compiled programs at Llama-3-8B shapes (`benchmarks/aot_memory.py`,
-table in docs/scaling.md; agreement within 7% at 32 layers) and checked on small shapes by
-tests/test_aot_memory.py; without remat the per-layer count of Korthikanti et al. (2022) is used.
+tensor shards heads/mlp/vocab; the rows split as `sharding.row_axes` splits them). Each term
+is a buffer XLA allocates for the program (read from the buffer assignment of the compiled
+programs: `benchmarks/aot_memory.py`), counted from the shapes; the figures agree with XLA's
+own `memory_analysis()` within 10% on configs/general.py's four targets (8B on (1, 8, 1),
+(4, 16, 1), LoRA on (8, 1, 1), 1B on one device), rollout, scoring, update and fused epoch,
+compiled at full depth on the CPU backend (its memory-minimising scheduler): docs/scaling.md,
+pinned by tests/test_aot_memory.py, which also checks the update on small shapes. CPU caveat:
+the CPU widens bf16 dots to float32 (the float32 weight and LM-head copies counted here) and
+packs temporaries less tightly than a GPU/TPU allocator, so these are upper bounds there.
+Without remat the per-layer count of Korthikanti et al. (2022) is used.
 """
 
 from __future__ import annotations
@@ -43,11 +50,14 @@ class MemoryEstimate:
     kv_cache: int
     activations: int
     programs: Dict[str, int] = dataclasses.field(default_factory=dict)
+    # Per program, the estimate's working set beside arguments, outputs and run state (to
+    # read against XLA's temp bytes).
+    working: Dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def components(self) -> Dict[str, int]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name != "programs"}
+                if f.name not in ("programs", "working")}
 
     @property
     def peak(self) -> int:
@@ -111,6 +121,39 @@ def row_split(rows: int, mesh: Dict[str, int], logical: str = "batch") -> int:
     return math.prod(mesh[a] for a in row_axes(mesh, logical, rows))
 
 
+def society_bytes(social_params, mesh_shape: Sequence[int] = (1, 1, 1), *,
+                  text_rows: int = 0) -> int:
+    """Per-device bytes of one `SocialState` with the shapes `social_params` (a
+    `social.state.SocialParams`) asks for, as `sharding.society_shardings` places it: the
+    per-user arrays (users, follow graph, reaction / seen records: leading dim num_users) split
+    along the `agents` rule's axes that divide num_users when the mesh's data axis is > 1, the
+    posts' ring buffer, the agents' inbox and the text banks (text_rows texts of content_len
+    tokens) replicated. general.py: 0.148 GiB whole (100,000 users, 65,536 posts, d = 64)."""
+    p = social_params
+    n, d, cap, ln = p.num_users, p.embed_dim, p.post_capacity, p.content_len
+    # Users: persona, activity, num_followers, num_following, last_post, profile_count
+    # (int32 / float32) + interest and profile_sum [d] float32; graph: following [F] and
+    # muted [M] int32; memory: react_post [R] int32 + react_kind [R] int8, seen [S] int32,
+    # seen_head.
+    per_user = (6 * 4 + 2 * d * 4 + (p.max_following + p.max_muted) * 4
+                + p.reaction_memory * 5 + p.seen_memory * 4 + 4)
+    # Posts: 15 int32 fields + tokens [L] int32 + embedding [d] float32; next_id, tick.
+    per_post = 15 * 4 + ln * 4 + d * 4
+    inbox = p.num_agents * (p.feed_size * 4 + 1)
+    text = int(text_rows) * (ln * 4 + d * 4 + 4) + 4
+    mesh = dict(zip(AXES, (int(s) for s in mesh_shape)))
+    split = row_split(n, mesh, "agents") if mesh["data"] > 1 else 1
+    return math.ceil(n / split) * per_user + cap * per_post + inbox + text + 8
+
+
+def tree_bytes(tree) -> int:
+    """Bytes of a pytree of arrays held whole (replicated) on every device, e.g. the
+    constrained-decoding grammar ([S, V] bool + int32 tables: general.py's 1191 states x
+    128,256 tokens = 0.71 GiB), an argument of every program of the epoch."""
+    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
+               for x in jax.tree.leaves(tree) if hasattr(x, "shape"))
+
+
 def params_per_device(cfg: LlamaConfig, mesh: Dict[str, int]) -> int:
     """Parameter *count* held by one device under the sharding rules."""
     total = 0
@@ -124,52 +167,85 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
              with_reference: bool = True, optimizer_slots: int = 2, lora_rank: int = 0,
              remat: bool = False, trajectories: Optional[int] = None,
              optimizer_dtype: Optional[str] = None, donate: bool = False,
-             logits_chunk_bytes: int = 64 * 2 ** 20, rollout_sharded: bool = False,
-             score_sharded: bool = False, update_sharded: bool = False,
+             logits_chunk_bytes: int = 64 * 2 ** 20, rollout_sharded: bool = True,
+             score_sharded: bool = False, update_sharded: bool = True,
              minibatch_rows: Optional[int] = None,
-             score_micro_batch: int = 0, attention_chunk: int = 0) -> MemoryEstimate:
-    """Per-device bytes of the epoch's three programs (rollout, scoring, PPO update).
+             score_micro_batch: int = 0, attention_chunk: int = 0,
+             social_params=None, text_rows: int = 0, grammar_bytes: int = 0) -> MemoryEstimate:
+    """Per-device bytes of the epoch's programs: rollout, scoring, PPO update (the
+    three-program epoch) and, with donate=True, the one-program epoch.
 
     batch: prompts generated at once (global, the acting agents); trajectories: rows scored
     and trained per epoch (global, default batch); train_micro_batch: rows per gradient step
     (global, default trajectories); optimizer_slots: 2 for Adam(W), whose moments (and the
     gradients) have the parameters' dtype unless optimizer_dtype says otherwise (optax's
     default); lora_rank > 0: float32 adapters are trained, the base is frozen and is the
-    reference. donate: the update's state is donated (its outputs reuse the argument buffers).
-    rollout_sharded / score_sharded: whether the rollout's prompts / the scored trajectories
-    are split along the data axes (as the loop does it; False: each device holds all rows).
+    reference. donate: the one-program epoch (state donated) is estimated too, and is the
+    estimate's peak. rollout_sharded / score_sharded / update_sharded: the rollout's prompts /
+    the scored trajectories / the update's micro-batch rows are split along the data axes as
+    the loop splits them (`row_split`; False: every device holds all rows).
     logits_chunk_bytes: the largest [rows, chunk, V] float32 logits block
-    (`generation.scoring.token_stats`).
-    update_sharded: whether the update's rows stay split along the data axes (False: as
-    measured, each device computes the whole micro-batch); minibatch_rows: rows per optimizer
-    step (global, default train_micro_batch); score_micro_batch > 0: the scoring pass runs
-    that many rows at a time (`policy.score_batch` with `micro_batch`), 0: all at once.
-    attention_chunk > 0: attention runs in query blocks of that many (`LlamaConfig`), so one
-    block's [rows, heads, chunk, S] scores are live instead of every layer's [rows, heads, T, S].
+    (`generation.scoring.token_stats`). minibatch_rows: rows per optimizer step (global,
+    default train_micro_batch); score_micro_batch > 0: the scoring pass runs that many rows at
+    a time (`policy.score_batch` with `micro_batch`), 0: all at once. attention_chunk > 0:
+    attention runs in query blocks of that many (`LlamaConfig`).
+    social_params (`social.state.SocialParams`, with text_rows texts in its banks): the
+    society, an argument (and output) of the rollout and of the one-program epoch and kept
+    alive beside scoring and the update (`society_bytes`), and the rollout's per-tick records
+    of every post slot. grammar_bytes: the constrained-decoding tables (`tree_bytes`), an
+    argument of the rollout, scoring and the epoch (the update reads its bool table).
 
-    Model (checked against XLA's memory_analysis of the compiled programs by
-    tests/test_aot_memory.py): run state = policy + reference + optimizer; the rollout adds
-    the KV cache and one prefill layer's temporaries (attention scores in float32), the
-    scoring pass one layer's temporaries over all trajectories, and the update the new state
-    (unless donated), two gradient trees, the saved layer inputs (with remat) or all
-    activations (Korthikanti et al. 2022: 34*T*B*H + 5*heads*T^2*B at 16 bits) and the logits
-    block.
+    What each program holds, per device (the terms are the buffers XLA allocates for them,
+    read from the compiled programs' buffer assignment at Llama-3-8B / 3.2-1B shapes:
+    `benchmarks/aot_memory.py`, docs/scaling.md):
+
+    - every program: its arguments (weight shards, the society, the grammar, the rollout or
+      the batch), its outputs, and the run state it does not take (`run_epoch` keeps it).
+    - rollout: the KV cache of the device's prompts; the prefill's working set (3 float32
+      blocks: the larger of a query block's attention scores and the MLP's [rows, T, I/t]
+      activations); one more copy of the policy's layer shards (LoRA: the merged kernels,
+      whole); the LM head as the CPU computes with it (2 float32 copies of the local vocab
+      shard, plus the bf16 head gathered whole when fsdp splits it).
+    - scoring (micro-batches of score_micro_batch rows): per model, the LM head in float32;
+      the MLP activations of one micro-batch; when the rows lie on the fsdp axis, each
+      model's vocab matrices gathered whole and a copy of one model's layer shards (tied
+      embeddings: each model's embedding transposed for the head); LoRA: the merged kernels.
+    - update: the optimizer's loop state -- accumulating micro-batches, the new parameters,
+      both moments and the gradient accumulator (4 x the trainable shards), else one
+      gradient; the saved layer inputs of the micro-batch (remat, float32); the layer
+      gradients: when the micro-batch's rows lie on fsdp, each device computes full-size
+      float32 gradients of every layer and reduce-scatters them after the backward (XLA
+      allocates ~1.5 of them per layer: 3 bf16 layers); rows on other axes leave the
+      weights sharded (float32 gradient shards, and the MLP's float32 activations
+      all-reduced across fsdp); LoRA: every layer's base widened for the merge and merged
+      kernels widened for the dots (float32) beside the bf16 merge, one layer's float32
+      gradient in flight. The micro-batch's rows stay split only when its tokens outnumber
+      the hidden size (`llama._weights_move`); the new state is an output (not donated).
+    - epoch (one program, state donated): the run state, society, grammar and the rollout's
+      outputs, plus the largest of the three programs' working sets (LoRA: and the rollout's
+      merged kernels, which XLA shares with the update's first merge).
     """
     mesh = dict(zip(AXES, (int(s) for s in mesh_shape)))
     pbytes = np.dtype(as_dtype(cfg.param_dtype)).itemsize
     cbytes = np.dtype(as_dtype(cfg.dtype)).itemsize
     obytes = np.dtype(as_dtype(optimizer_dtype)).itemsize if optimizer_dtype else pbytes
-    t = max(1, mesh["tensor"])
-    data = mesh["data"] * mesh["fsdp"]
+    t, f = max(1, mesh["tensor"]), max(1, mesh["fsdp"])
     n_local = params_per_device(cfg, mesh)
     params = n_local * pbytes
-    h, i = cfg.hidden_size, cfg.intermediate_size
+    h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     L, hd = cfg.num_hidden_layers, cfg.head_dim
-    # One decoder layer's weights, whole (as gathered across fsdp when it runs).
-    layer_bytes = (n_local * mesh["fsdp"] - 2 * cfg.vocab_size * h) // max(L, 1) * pbytes
-    divides = lambda n: n % t == 0  # noqa: E731
-    heads_l = cfg.num_attention_heads // (t if divides(cfg.num_attention_heads) else 1)
-    kv_l = cfg.num_key_value_heads // (t if divides(cfg.num_key_value_heads) else 1)
+    div = lambda n, k: k if n % k == 0 else 1  # noqa: E731
+    heads_l = cfg.num_attention_heads // div(cfg.num_attention_heads, t)
+    kv_l = cfg.num_key_value_heads // div(cfg.num_key_value_heads, t)
+    i_l = i // div(i, t)
+    # The decoder layers' shards on this device, and one layer gathered across fsdp (the
+    # embed dim is what fsdp splits).
+    layers_local = params - _vocab_params_per_device(cfg, mesh) * pbytes
+    layer_whole = layers_local * div(h, f) // max(L, 1)
+    # One vocab x hidden matrix: the local shard in float32 (the CPU widens bf16 dots) and
+    # the bf16 matrix gathered across fsdp.
+    vocab_f32 = v * h * 4 // (div(v, t) * div(h, f))
+    vocab_gathered = v * h * pbytes // div(v, t)
     value_head = (h + 1) * 4
     if lora_rank:
         # Adapters (float32, replicated) on q/k/v/o/gate/up/down; base frozen = reference.
@@ -178,144 +254,129 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
         trainable = L * lora_rank * per_layer * 4 + value_head
         opt = optimizer_slots * trainable
         reference = 0
-        merged = params  # base + A @ B materialised for the forward passes
+        merged = L * layer_whole  # base + A @ B, every adapted kernel, materialised
+        models = 1  # the policy and the reference share the frozen LM head
     else:
         trainable = params + value_head
         opt = optimizer_slots * (n_local * obytes + value_head)
         reference = params if with_reference else 0
         merged = 0
+        models = 2 if with_reference else 1
     grads = trainable
-    state = params + reference + opt + (trainable if lora_rank else value_head)
+    weights = params + reference + trainable if lora_rank else params + reference + value_head
+    state = weights + opt
     seq = prompt_len + response_len
     rows = int(trajectories or batch)
+    society = society_bytes(social_params, mesh_shape, text_rows=text_rows) \
+        if social_params is not None else 0
 
-    # Rollout: KV cache + the prefill's attention scores, float32 [b, heads, Lp, S] twice
-    # (scores and probabilities) per layer: XLA's schedule of the unrolled layers keeps every
-    # layer's (measured by benchmarks/aot_memory.py) (+ LoRA's merged weights).
-    b_r = math.ceil(batch / data) if rollout_sharded else batch
+    # Rollout: ticks x batch prompts, each device prefilling and decoding its b_r rows.
+    b_r = math.ceil(batch / row_split(batch, mesh)) if rollout_sharded else batch
+    ticks = math.ceil(rows / max(batch, 1))
     kv_cache = 2 * L * b_r * seq * kv_l * hd * cbytes
-    if 0 < attention_chunk < prompt_len:
-        # One query block live at a time (a loop), measured at ~7 float32 block-sized
-        # temporaries (8B on (1, 8, 1), chunk 256: 31.7 GiB at 1 layer; one calibration point).
-        prefill = 7 * b_r * heads_l * attention_chunk * seq * 4
-    else:
-        prefill = L * 2 * b_r * heads_l * prompt_len * seq * 4
+    q_rows = attention_chunk if 0 < attention_chunk < prompt_len else prompt_len
+    attn_block = b_r * heads_l * q_rows * seq * 4
+    if not 0 < attention_chunk < prompt_len:
+        attn_block *= L  # unchunked: every layer's scores (measured, docs/scaling.md)
+    prefill = 3 * max(attn_block, b_r * prompt_len * i_l * 4)
+    lm_head = 2 * vocab_f32 + (vocab_gathered if f > 1 else 0)
     traj_row = prompt_len * 5 + response_len * 9  # ids + mask, tokens + logprobs + mask
-    rollout_out = rows * traj_row
-    rollout = state + kv_cache + merged + prefill + rollout_out
+    records = 0
+    if social_params is not None:
+        # [T, P, 3] engagement deltas + [T, P] slot ids (int32), [T, B, d] embeddings.
+        records = ticks * (social_params.post_capacity * 16
+                           + batch * social_params.embed_dim * 4)
+    trajectories_d = ticks * b_r * traj_row
+    rollout_out = trajectories_d + records
+    rollout_temp = kv_cache + prefill + (merged or layers_local) + lm_head
+    rollout = state + 2 * society + grammar_bytes + rollout_out + rollout_temp
 
-    # Scoring: policy and reference forwards over the rows scored at once (all trajectories,
-    # or score_micro_batch of them): one layer's attention temporaries (4 float32
-    # [rows, heads, S, S]) + every layer's hidden states of both models (split along embed by
-    # fsdp).
+    # Scoring: the policy and the reference over micro-batches of b_s rows per device.
     at_once = min(rows, int(score_micro_batch)) if score_micro_batch else rows
-    b_s = math.ceil(at_once / data) if score_sharded else at_once
-    f = mesh["fsdp"] if h % mesh["fsdp"] == 0 else 1
-    q_rows = attention_chunk if 0 < attention_chunk < seq else seq
-    layer_tmp = 4 * b_s * heads_l * q_rows * seq * 4 + L * 2 * b_s * seq * h * cbytes // f
-    logits_blk = min(logits_chunk_bytes, b_s * response_len * cfg.vocab_size * 4)
+    split_s = row_split(at_once, mesh) if score_sharded and at_once * seq > h else 1
+    b_s = math.ceil(at_once / split_s)
+    q_s = attention_chunk if 0 < attention_chunk < seq else seq
+    acts_s = 3 * max(b_s * seq * i_l * 4, b_s * heads_l * q_s * seq * 4)
+    score_temp = models * vocab_f32 + acts_s + merged
+    if f > 1 and split_s % f == 0:
+        # Rows on fsdp: XLA gathers the weights (each model's vocab matrices whole, and a
+        # copy of one model's layer shards) rather than moving the activations.
+        score_temp += models * vocab_gathered + layers_local
+    elif cfg.tie_word_embeddings:
+        score_temp += models * vocab_gathered  # each model's embedding, transposed: the head
     batch_bytes = rows * (seq * 5 + response_len * 16)
-    # The optimizer state is not an input of scoring (jit drops unused arguments).
-    score = (params + reference + value_head + merged + rollout_out + batch_bytes + layer_tmp
-             + 2 * logits_blk)
-    if score_micro_batch and mesh["fsdp"] > 1:
-        # Chunked scoring is a loop whose weight all-gathers are loop-invariant: XLA hoists
-        # them, keeping both models' embedding and LM head gathered and, per layer, about
-        # half a layer's weights (measured by benchmarks/aot_memory.py --programs=score at
-        # 8B on (1, 8, 1): 15.5 GiB per device; one calibration point).
-        models = 2 if (with_reference and not lora_rank) else 1
-        score += models * 2 * cfg.vocab_size * h * pbytes // t + L * layer_bytes // 2
+    rows_d = math.ceil(rows / row_split(rows, mesh))
+    score = (weights + rollout_out + grammar_bytes + 2 * society + rows_d * response_len * 12
+             + score_temp)
 
-    # Update: the new state (unless donated), gradients (accumulator + one micro-batch's),
-    # the activations and the logits block. Measured (benchmarks/aot_memory.py, 8B shapes on
-    # (1, 8, 1)): with remat, each layer keeps ~1.16 float32 attention-score tensors of the
-    # micro-batch plus the layer inputs of the minibatch, and the backward's working set is
-    # ~2.7 score tensors -- with the *global* row counts: the minibatch shuffle (a gather of
-    # the data-sharded batch) leaves every device with all rows.
+    # Update: micro-batches of mb_d rows per device, minibatch_rows per optimizer step. The
+    # layers keep a micro-batch's rows split (`llama._weights_move`) only when its tokens
+    # outnumber the hidden size; smaller ones are XLA's choice (measured: every device
+    # computes all rows).
     mb = int(train_micro_batch or rows)
+    split_u = row_split(mb, mesh) if update_sharded and mb * seq > h else 1
+    mb_d = math.ceil(mb / split_u)
+    rows_on_fsdp = f > 1 and split_u % f == 0
     minibatch = int(minibatch_rows or mb)
-    if not update_sharded:
-        mb_d, minibatch_d = mb, minibatch
+    # Accumulating micro-batches, the loop carries the new parameters and both moments and
+    # the gradient accumulator (4 trainable trees); one micro-batch per step: one gradient.
+    carry = (4 if minibatch > mb else 1) * trainable
+    logits = min(logits_chunk_bytes, mb_d * response_len * (v // div(v, t)) * 4)
+    if remat:
+        # Each layer's input (float32) and the backward's attention blocks (3 float32 query
+        # blocks of scores; unchunked: every layer keeps ~1.16 score tensors besides).
+        saved = L * mb_d * seq * h * 4
+        q_u = attention_chunk if 0 < attention_chunk < seq else seq
+        attn_u = 3 * mb_d * heads_l * q_u * seq * 4
+        if not 0 < attention_chunk < seq:
+            saved += int(L * 1.16 * mb_d * heads_l * seq * seq * 4)
     else:
-        mb_d, minibatch_d = math.ceil(mb / data), math.ceil(minibatch / data)
-    scores_t = heads_l * seq * seq * 4  # one float32 attention-score row [heads, S, S]
-    if remat and 0 < attention_chunk < seq:
-        # Checkpointed query blocks: no layer keeps its scores; measured (8B on (1, 8, 1),
-        # chunk 256, micro-batch 8): ~2 GiB per layer, about 5x one layer's full (gathered)
-        # weights: weights and gradients of the layer in flight (one calibration point).
-        act = L * 5 * layer_bytes + 3 * mb_d * heads_l * attention_chunk * seq * 4
-    elif remat:
-        act = (L * (1.16 * mb_d * scores_t + minibatch_d * seq * h * cbytes)
-               + 2.7 * mb_d * scores_t)
+        # Korthikanti et al. (2022): 34*T*B*H + 5*heads*T^2*B at 16 bits per layer.
+        saved = L * (34 * seq * mb_d * h // t + 5 * heads_l * seq * seq * mb_d) * cbytes // 2
+        attn_u = 0
+    if lora_rank:
+        # Every layer's base widened for the merge and merged kernels widened for the dots
+        # (float32) beside the bf16 merge, and one layer's float32 gradient in flight; the
+        # LM head and the embedding (frozen, whole) in float32.
+        layer_grads = 2 * 2 * merged + merged + 2 * layer_whole
+        vocab_u = 2 * vocab_f32
+    elif rows_on_fsdp:
+        # Full-size float32 gradients of every layer (reduce-scattered after the backward),
+        # ~1.5 per layer as XLA allocates them; each vocab matrix gathered whole (bf16)
+        # beside its float32 shard.
+        layer_grads = 3 * L * layer_whole
+        vocab_u = 2 * (vocab_gathered + vocab_f32)
+    elif f > 1:
+        # Rows off fsdp: float32 gradient shards, and the MLP's float32 activations
+        # all-reduced across fsdp (the dots contract over the split embed dim), per layer.
+        layer_grads = L * (2 * layer_whole // f + mb_d * seq * i_l * 4)
+        vocab_u = 2 * vocab_f32
     else:
-        act = L * (34 * seq * mb_d * h // t + 5 * heads_l * seq * seq * mb_d) * cbytes // 2
-    act = int(act)
-    mb = mb_d
-    # One [rows, chunk, V] float32 logits block: log p = z[token] - logsumexp(z) fuses the
-    # exp and the sum into one reduction, and the backward's dz takes z's place (XLA, 20M on
-    # (1, 8, 1): 3 blocks with the old materialised log-softmax, 1 since).
-    logits = min(logits_chunk_bytes, mb * response_len * cfg.vocab_size * 4)
-    activations = act + logits
-    new_state = 0 if donate else (trainable + opt)
-    # Sharded weights are all-gathered where used: the largest matrix (embedding / LM head,
-    # vocab split by tensor only) and its full gradient before the reduce-scatter.
-    big = cfg.vocab_size * h * pbytes // (t if cfg.vocab_size % t == 0 else 1)
-    gather = 2 * big if mesh["fsdp"] > 1 else 0
-    update = (state + math.ceil(batch_bytes / data) + new_state + 2 * grads + merged
-              + activations + gather)
+        # Weights whole on the device: float32 gradients of every layer.
+        layer_grads = 2 * layers_local
+        vocab_u = 2 * vocab_f32
+    activations = saved + attn_u + logits
+    update_temp = carry + layer_grads + vocab_u + activations
+    # The three-program update does not donate its state: the new state is an output. Of
+    # the grammar it reads the [S, V] bool table (the FSM states came with the batch): a
+    # fifth of the tables' bytes.
+    update = (2 * state + math.ceil(batch_bytes / row_split(rows, mesh)) + grammar_bytes // 5
+              + 2 * society + rollout_out + update_temp)
     programs = {"rollout": int(rollout), "score": int(score), "update": int(update)}
     if donate:
-        programs["epoch"] = int(_fused_epoch(
-            cfg, mesh, state=state + merged, batch=batch, rows=rows, prompt_len=prompt_len,
-            seq=seq, micro=int(train_micro_batch or rows), attention_chunk=attention_chunk,
-            response_len=response_len, pbytes=pbytes, cbytes=cbytes,
-            logits_chunk_bytes=logits_chunk_bytes, lora=bool(lora_rank)))
+        # One program: the state (donated: the new state reuses it), society, grammar and
+        # the trajectories, and the largest of the three phases' working sets.
+        # LoRA: the rollout's merged kernels stay live (XLA shares them with the update's
+        # first merge).
+        programs["epoch"] = int(state + society + grammar_bytes + rollout_out + merged
+                                + max(rollout_temp, score_temp, update_temp))
+    working = {"rollout": int(rollout_temp), "score": int(score_temp),
+               "update": int(update_temp)}
+    if donate:
+        working["epoch"] = max(working.values())
     return MemoryEstimate(params=params, grads=grads, optimizer=opt, reference=reference,
-                          kv_cache=kv_cache, activations=activations, programs=programs)
-
-
-def _fused_epoch(cfg: LlamaConfig, mesh: Dict[str, int], *, state: int, batch: int, rows: int,
-                 prompt_len: int, seq: int, micro: int, attention_chunk: int, response_len: int,
-                 pbytes: int, cbytes: int, logits_chunk_bytes: int, lora: bool) -> int:
-    """Per-device bytes of the one-program epoch (state donated), the way XLA's CPU backend
-    (memory-minimising scheduler) counts it: the run state, plus the larger of the rollout's
-    and the update's working sets, plus what every layer adds.
-
-    Calibrated on `benchmarks/aot_memory.py --programs=epoch --layers=1,2` at three points
-    (8B on (1, 8, 1) and (4, 16, 1), 1B on one device: docs/scaling.md); the per-row terms
-    count rows split as the row constraints split them (`row_split`)."""
-    t = max(1, mesh["tensor"])
-    heads_l = cfg.num_attention_heads // (t if cfg.num_attention_heads % t == 0 else 1)
-    kv_l = cfg.num_key_value_heads // (t if cfg.num_key_value_heads % t == 0 else 1)
-    h, L = cfg.hidden_size, cfg.num_hidden_layers
-    # One vocab x hidden matrix in float32 (the embedding / LM head as the CPU computes with
-    # it: bf16 dots are widened), split only by tensor.
-    vocab_f32 = cfg.vocab_size * h * 4 // (t if cfg.vocab_size % t == 0 else 1)
-    q_rows = attention_chunk if 0 < attention_chunk < prompt_len else prompt_len
-    # Rollout: each device prefills its share of the prompts (b_r rows); ~3 float32 attention
-    # blocks [b_r, heads, chunk, S] are live, beside the LM head.
-    b_r = math.ceil(batch / row_split(batch, mesh))
-    rollout = 3 * b_r * heads_l * q_rows * seq * 4 + vocab_f32
-    # Update: one micro-batch (mb_d rows per device): its attention blocks and logits chunks.
-    # When its rows lie on fsdp -- the axis that splits the weights' embed dim -- the LM head
-    # and the embedding are gathered whole with their gradient (3 float32 vocab matrices);
-    # rows on other axes leave them sharded (XLA moves the activations instead).
-    split = row_split(micro, mesh)
-    mb_d = math.ceil(micro / split)
-    rows_on_fsdp = mesh["fsdp"] > 1 and split % mesh["fsdp"] == 0
-    update = (3 * mb_d * heads_l * q_rows * seq * 4
-              + 3 * min(logits_chunk_bytes, mb_d * response_len * cfg.vocab_size * 4)
-              + (3 * vocab_f32 if rows_on_fsdp and not lora else 0))
-    # Per layer: the KV cache of the device's prompts, one more copy of the layer's trainable
-    # state on the device (parameters + two Adam moments: the guarded step's new values), and
-    # the micro-batch's saved layer input (remat, float32).
-    layer_local = (params_per_device(cfg, mesh)
-                   - _vocab_params_per_device(cfg, mesh)) * pbytes // max(L, 1)
-    per_layer = (2 * b_r * seq * kv_l * cfg.head_dim * cbytes
-                 + (0 if lora else 3 * layer_local)
-                 + mb_d * seq * h * 4)
-    trajectories = math.ceil(rows / row_split(rows, mesh)) * (prompt_len * 5 + response_len * 9)
-    return state + max(rollout, update) + L * per_layer + trajectories
+                          kv_cache=kv_cache, activations=int(activations),
+                          programs=programs, working=working)
 
 
 def _vocab_params_per_device(cfg: LlamaConfig, mesh: Dict[str, int]) -> int:
