@@ -131,7 +131,8 @@ def decode_bound(cfg, batch: int, context: float, flops_s: float, bytes_s: float
 
 def run_row(name, spec, args, peaks) -> dict:
     overrides, batch, prompt, new, top_k, top_p = spec
-    cfg = llama.preset(args.preset, dtype=args.dtype, param_dtype=args.dtype, **overrides)
+    cfg = llama.preset(args.preset, dtype=args.dtype, param_dtype=args.dtype,
+                       scan_layers=args.scan_layers, **overrides)
     model = llama.Llama(cfg, rngs=nnx.Rngs(args.seed))
     rs = np.random.RandomState(args.seed)
     ids = rs.randint(3, cfg.vocab_size, (batch, prompt)).astype(np.int32)
@@ -207,6 +208,8 @@ def main():
                     help="torch intra-op threads for the peer (0 = torch's default)")
     ap.add_argument("--skip_hf", action="store_true", help="no PyTorch peer (e.g. on a GPU box)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--scan_layers", action="store_true",
+                    help="our model's layers as one lax.scan (LlamaConfig.scan_layers)")
     ap.add_argument("--device_peaks", default="",
                     help="TFLOPS,GB_S: the accelerator's peak compute and memory bandwidth for "
                          "decode_share (e.g. 989,4800 on an H200); on a CPU they are measured")
