@@ -590,16 +590,11 @@ class Llama(nnx.Module):
                 x = layer(x, positions, inv_freq, bias, kv_fn, cfg.attention_chunk)
         hidden = self.norm(x)
         if cache is not None:
-            # The cache keeps the layout it came in (per-layer tuple or stacked array).
-            stacked_in = not isinstance(cache.k, tuple)
-            if cfg.scan_layers:
-                if not stacked_in:
-                    store = {n: tuple(a) for n, a in store.items()}
-            elif stacked_in:
-                store = {n: jnp.stack(a) for n, a in store.items()}
-            else:
-                store = {n: tuple(a) for n, a in store.items()}
-            new_cache = KVCache(k=store["k"], v=store["v"], mask=slot_mask,
+            def as_in(kv):  # the layout the cache came in: per-layer tuple or stacked array
+                if isinstance(cache.k, tuple):
+                    return tuple(kv)
+                return kv if cfg.scan_layers else jnp.stack(kv)
+            new_cache = KVCache(k=as_in(store["k"]), v=as_in(store["v"]), mask=slot_mask,
                                 index=idx + t,
                                 lengths=cache.lengths + mask.sum(axis=1, dtype=jnp.int32))
         return LlamaOutput(logits=self.unembed(hidden), hidden=hidden, cache=new_cache)
@@ -624,8 +619,8 @@ class Llama(nnx.Module):
                 layer = nnx.merge(graphdef, st)
                 return layer(x, positions, inv_freq, bias_stack[w], lambda k, v: (k, v),
                              cfg.attention_chunk), None
-            if cfg.remat:
-                body = jax.checkpoint(body)
+            if cfg.remat:  # prevent_cse=False: inside a scan CSE cannot undo the remat
+                body = jax.checkpoint(body, prevent_cse=False)
             x, _ = jax.lax.scan(body, x, (stacked, which))
             return x, None
 
