@@ -3,6 +3,11 @@ r"""Per-device memory of configs/general.py's epoch on its target meshes, by XLA
     python benchmarks/aot_memory.py --programs=epoch      # all rows, the one-program epoch
     python benchmarks/aot_memory.py --rows=h200_1b,h100   # the three programs
     python benchmarks/aot_memory.py --rows=h100 --set rl.micro_batch=4 --layers=8
+    python benchmarks/aot_memory.py --programs=epoch --set model.scan_layers=False  # unrolled
+
+configs/general.py scans its decoder layers (`model.scan_layers=True`: one `lax.scan` over
+weights stacked inside the program); `--set model.scan_layers=False` compiles the unrolled
+layers, and the printed estimate follows the switch (`SocialRL.memory_estimate`).
 
 Each row compiles the preset at its full depth (1-2 min per row and program set on a 2-core
 CPU: the layers' shapes repeat, so XLA's compile time grows slowly with depth).
@@ -20,8 +25,9 @@ xla_gib is the epoch's per-device peak (the largest program's argument + output 
 plus the buffers the loop keeps alive beside it); fits = xla_gib <= 90% of the device's memory
 (the headroom `memory.check_fits` uses). --layers N compiles an N-layer variant of the preset
 (memory is then reported for N layers); --layers A,B extrapolates linearly from A and B
-layers, which misleads: at 8B the 1- and 2-layer programs miss the per-layer float32 weight
-gradients XLA keeps from ~4 layers on (h100 epoch: 21.1 GiB extrapolated, 60.3 compiled).
+layers, which misleads: at 8B the unrolled 1- and 2-layer programs miss the per-layer float32
+weight gradients XLA keeps from ~4 layers on (h100 epoch: 21.1 GiB extrapolated, 60.3
+compiled), and with scanned layers the 1 -> 2 layer difference is no per-layer cost.
 --cpu-scheduler (default memory): XLA's CPU backend by default schedules for concurrency and
 issues independent work as early as it can -- every layer's fsdp weight all-gathers at the top
 of the rollout's tick loop (v5e-64: ~2.2 GiB per layer); the TPU/GPU schedulers bound memory,

@@ -68,6 +68,12 @@ def test_general_py_abstract_run_estimates_the_whole_epochs_rows():
     run = aot.abstract_run(c, sharding.make_mesh((1, 1, 1), jax.devices()[:1]),
                            {"num_hidden_layers": 1})
     assert run.active == 96 and run.activation.shape == (196, 24)
+    # general.py scans its layers, and SocialRL.memory_estimate estimates that program.
+    assert c.model.scan_layers and run.model_config.scan_layers
+    run.model_config = run.model_config.replace(scan_layers=False)
+    unrolled = run.memory_estimate()
+    run.model_config = run.model_config.replace(scan_layers=True)
+    assert run.memory_estimate().programs["rollout"] > unrolled.programs["rollout"]
     assert int(c.rollout.ticks_per_epoch) * run.active == 30_720
     full = run.memory_estimate()
     run.config.rollout.ticks_per_epoch = 8  # 768 rows: one micro-batch of 8 per 96 rows
@@ -121,6 +127,18 @@ XLA_GIB = {
     "lora": ("llama3_8b", (8, 1, 1), 4, 16,
              {"epoch": 111.37, "rollout": 36.91, "score": 31.84, "update": 113.19}),
 }
+# The same programs with the decoder layers scanned (`model.scan_layers=True`, general.py's
+# setting since c66a90e; the figures above are compiled with `--set model.scan_layers=False`),
+# recorded from (docs/scaling.md, 2026-12-01)
+#   python benchmarks/aot_memory.py --rows=h100,v5e64,h200_1b,lora --programs=epoch
+#   python benchmarks/aot_memory.py --rows=h100,v5e64,h200_1b,lora --programs=rollout,score,update
+# row -> {program: XLA GiB} (preset, mesh and settings as in XLA_GIB).
+XLA_GIB_SCAN = {
+    "h100": {"epoch": 23.08, "rollout": 22.93, "score": 14.74, "update": 26.04},
+    "v5e64": {"epoch": 14.72, "rollout": 13.13, "score": 7.26, "update": 12.27},
+    "h200_1b": {"epoch": 42.25, "rollout": 38.90, "score": 18.08, "update": 32.79},
+    "lora": {"epoch": 105.93, "rollout": 75.85, "score": 70.81, "update": 115.50},
+}
 # general.py's society banks (336 crowd posts + 140 comments) and grammar (1191 FSM states
 # over the 128,256-token vocab), under the in-repo tokenizer the rows were compiled with.
 TEXT_ROWS, GRAMMAR_BYTES = 476, 1191 * 128_256 * 5 + 1191 + 4
@@ -145,6 +163,7 @@ def _general_estimate(row, **kw):
     cfg = llama.preset(preset, dtype="bfloat16", param_dtype="bfloat16", remat=True,
                        attention_chunk=256)
     rows = 320 * 96
+    kw.setdefault("scan_layers", False)
     return memory.estimate(cfg, mesh, batch=96, prompt_len=1472, response_len=128,
                            train_micro_batch=8, remat=True, trajectories=rows,
                            minibatch_rows=rows // minibatches, score_micro_batch=8,
@@ -233,3 +252,36 @@ def test_rows_split_along_the_largest_dividing_data_axes():
     assert sh["b"].spec == jax.sharding.PartitionSpec()
     for rows, split in [(96, 16), (8, 4), (30720, 64), (3, 1)]:
         assert memory.row_split(rows, {"data": 4, "fsdp": 16, "tensor": 1}) == split
+
+
+@pytest.mark.parametrize("row", sorted(XLA_GIB_SCAN))
+def test_scanned_layers_estimates_within_20_percent_of_recorded_xla(row):
+    """memory.estimate(scan_layers=True) -- what SocialRL.memory_estimate gives general.py
+    (model.scan_layers=True) -- against XLA's figures for the scanned programs: the one-program
+    epoch and the three programs, at full depth."""
+    fused = _general_estimate(row, donate=True, scan_layers=True)
+    three = _general_estimate(row, scan_layers=True)
+    for prog, xla_gib in XLA_GIB_SCAN[row].items():
+        est = (fused if prog == "epoch" else three).programs[prog]
+        ratio = est / memory.GiB / xla_gib
+        assert 0.8 <= ratio <= 1.2, (row, prog, round(ratio, 3))
+
+
+def test_scanned_and_unrolled_estimates_each_fail_the_others_figures():
+    """Negative control: the unrolled estimate misses the scanned programs' figures (the
+    deferred full-size layer gradients of `h100`'s update are gone, the stacked float32
+    layers of the rollout and scoring are new), and the scanned estimate misses the
+    unrolled figures, by more than the bound."""
+    unrolled = {row: _general_estimate(row, donate=True) for row in XLA_GIB}
+    scanned = {row: _general_estimate(row, donate=True, scan_layers=True) for row in XLA_GIB}
+    three_u = {row: _general_estimate(row) for row in XLA_GIB}
+    three_s = {row: _general_estimate(row, scan_layers=True) for row in XLA_GIB}
+    ratio = lambda est, xla: est / memory.GiB / xla  # noqa: E731
+    assert ratio(unrolled["h100"].peak, XLA_GIB_SCAN["h100"]["epoch"]) > 2
+    assert ratio(three_u["h100"].programs["update"], XLA_GIB_SCAN["h100"]["update"]) > 2
+    assert ratio(three_u["lora"].programs["rollout"], XLA_GIB_SCAN["lora"]["rollout"]) < 0.6
+    assert ratio(three_u["h200_1b"].programs["score"], XLA_GIB_SCAN["h200_1b"]["score"]) < 0.8
+    assert ratio(scanned["h100"].peak, XLA_GIB["h100"][-1]["epoch"]) < 0.5
+    assert ratio(three_s["lora"].programs["score"], XLA_GIB["lora"][-1]["score"]) > 2
+    assert ratio(scanned["h200_1b"].peak, XLA_GIB["h200_1b"][-1]["epoch"]) > 1.2
+

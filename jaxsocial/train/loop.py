@@ -262,7 +262,8 @@ class SocialRL:
             score_sharded=True, attention_chunk=int(self.model_config.attention_chunk),
             donate=self.fused, social_params=self.social_params,
             text_rows=self.crowd_text.posts.size + self.crowd_text.comments.size,
-            grammar_bytes=memory.tree_bytes(self.grammar))
+            grammar_bytes=memory.tree_bytes(self.grammar),
+            scan_layers=bool(self.model_config.scan_layers))
 
     def _check_memory(self, c) -> None:
         """Warn before a run that cannot fit (when the backend reports device memory)."""

@@ -9,8 +9,9 @@ is a buffer XLA allocates for the program (read from the buffer assignment of th
 programs: `benchmarks/aot_memory.py`), counted from the shapes; the figures agree with XLA's
 own `memory_analysis()` within 10% on configs/general.py's four targets (8B on (1, 8, 1),
 (4, 16, 1), LoRA on (8, 1, 1), 1B on one device), rollout, scoring, update and fused epoch,
-compiled at full depth on the CPU backend (its memory-minimising scheduler): docs/scaling.md,
-pinned by tests/test_aot_memory.py, which also checks the update on small shapes. CPU caveat:
+compiled at full depth on the CPU backend (its memory-minimising scheduler), with the decoder
+layers unrolled and scanned (`scan_layers`: within 4%): docs/scaling.md, pinned by
+tests/test_aot_memory.py, which also checks the update on small shapes. CPU caveat:
 the CPU widens bf16 dots to float32 (the float32 weight and LM-head copies counted here) and
 packs temporaries less tightly than a GPU/TPU allocator, so these are upper bounds there.
 Without remat the per-layer count of Korthikanti et al. (2022) is used.
@@ -171,7 +172,8 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
              score_sharded: bool = False, update_sharded: bool = True,
              minibatch_rows: Optional[int] = None,
              score_micro_batch: int = 0, attention_chunk: int = 0,
-             social_params=None, text_rows: int = 0, grammar_bytes: int = 0) -> MemoryEstimate:
+             social_params=None, text_rows: int = 0, grammar_bytes: int = 0,
+             scan_layers: bool = False) -> MemoryEstimate:
     """Per-device bytes of the epoch's programs: rollout, scoring, PPO update (the
     three-program epoch) and, with donate=True, the one-program epoch.
 
@@ -188,7 +190,9 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     (`generation.scoring.token_stats`). minibatch_rows: rows per optimizer step (global,
     default train_micro_batch); score_micro_batch > 0: the scoring pass runs that many rows at
     a time (`policy.score_batch` with `micro_batch`), 0: all at once. attention_chunk > 0:
-    attention runs in query blocks of that many (`LlamaConfig`).
+    attention runs in query blocks of that many (`LlamaConfig`). scan_layers: the decoder
+    layers run as one `lax.scan` over weights stacked inside the program
+    (`LlamaConfig.scan_layers`, general.py's setting); False: unrolled.
     social_params (`social.state.SocialParams`, with text_rows texts in its banks): the
     society, an argument (and output) of the rollout and of the one-program epoch and kept
     alive beside scoring and the update (`society_bytes`), and the rollout's per-tick records
@@ -224,6 +228,24 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     - epoch (one program, state donated): the run state, society, grammar and the rollout's
       outputs, plus the largest of the three programs' working sets (LoRA: and the rollout's
       merged kernels, which XLA shares with the update's first merge).
+
+    Scanned layers (scan_layers=True) change the working sets: every forward pass stacks its
+    model's layer shards inside the program, and the CPU keeps the stack in float32 (2 x the
+    bf16 layer shards; LoRA: of the merged kernels), while no layer's gradient outlives its
+    iteration of the backward scan:
+
+    - rollout: the prefill's and the decode step's float32 stacks (replacing the unrolled
+      layer-shard copy or merged kernels) and each pass's LM head gathered (2 bf16 heads).
+    - scoring: 4 x the bf16 layer shards (the policy's and the reference's float32 stacks, or,
+      rows off fsdp, both bf16 stacks and one float32) instead of the gathered layer copy.
+    - update: the larger of the optimizer step (`carry`) and the backward: the gradient
+      accumulator, the policy's float32 stack, the stacked bf16 layer gradients (LoRA: every
+      layer's base and merged kernels in float32 for the merge, outside the scan), the LM
+      head as unrolled, and the saved layer inputs (hidden split across fsdp when the rows
+      are off it) -- no full-size float32 gradients of every layer.
+    - epoch: where scoring builds bf16 stacks (rows off fsdp), the rollout's passes keep one
+      each beside their float32 stacks (XLA shares them with scoring): the rollout's working
+      set + 2 x the bf16 layer shards, the epoch's peak on all four targets.
     """
     mesh = dict(zip(AXES, (int(s) for s in mesh_shape)))
     pbytes = np.dtype(as_dtype(cfg.param_dtype)).itemsize
@@ -263,6 +285,11 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
         merged = 0
         models = 2 if with_reference else 1
     grads = trainable
+    # Scanned layers (`LlamaConfig.scan_layers`): each forward pass stacks one model's layer
+    # shards inside the program ([L, ...] per kernel); the CPU builds the stack in float32
+    # (a concatenate of widened parameters) and keeps it for its float32 dots.
+    # LoRA: the merged kernels (whole) are what each pass stacks.
+    stack = (merged or layers_local) * 4 // pbytes if scan_layers else 0
     weights = params + reference + trainable if lora_rank else params + reference + value_head
     state = weights + opt
     seq = prompt_len + response_len
@@ -288,7 +315,13 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
                            + batch * social_params.embed_dim * 4)
     trajectories_d = ticks * b_r * traj_row
     rollout_out = trajectories_d + records
-    rollout_temp = kv_cache + prefill + (merged or layers_local) + lm_head
+    if scan_layers:
+        # The prefill's and the decode step's stacks (float32: 2 x the bf16 stack each), and
+        # both passes' LM heads: each gathers its own when fsdp splits the vocab matrices.
+        lm_head = 2 * vocab_f32 + (2 * vocab_gathered if f > 1 else 0)
+        rollout_temp = kv_cache + prefill + 2 * stack + lm_head
+    else:
+        rollout_temp = kv_cache + prefill + (merged or layers_local) + lm_head
     rollout = state + 2 * society + grammar_bytes + rollout_out + rollout_temp
 
     # Scoring: the policy and the reference over micro-batches of b_s rows per device.
@@ -297,13 +330,23 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     b_s = math.ceil(at_once / split_s)
     q_s = attention_chunk if 0 < attention_chunk < seq else seq
     acts_s = 3 * max(b_s * seq * i_l * 4, b_s * heads_l * q_s * seq * 4)
-    score_temp = models * vocab_f32 + acts_s + merged
-    if f > 1 and split_s % f == 0:
-        # Rows on fsdp: XLA gathers the weights (each model's vocab matrices whole, and a
-        # copy of one model's layer shards) rather than moving the activations.
-        score_temp += models * vocab_gathered + layers_local
-    elif cfg.tie_word_embeddings:
-        score_temp += models * vocab_gathered  # each model's embedding, transposed: the head
+    passes = 2 if (with_reference or lora_rank) else 1  # the policy's, the reference's
+    rows_on_fsdp_s = f > 1 and split_s % f == 0
+    if scan_layers:
+        # Each pass's stacked layers: two float32 stacks, or (rows off fsdp) both bf16
+        # stacks and one in float32 -- 4 x the bf16 layer shards either way (LoRA: the
+        # merged kernels' stack and the base's).
+        score_temp = models * vocab_f32 + acts_s + passes * stack
+        if rows_on_fsdp_s or cfg.tie_word_embeddings:
+            score_temp += models * vocab_gathered
+    else:
+        score_temp = models * vocab_f32 + acts_s + merged
+        if rows_on_fsdp_s:
+            # Rows on fsdp: XLA gathers the weights (each model's vocab matrices whole, and a
+            # copy of one model's layer shards) rather than moving the activations.
+            score_temp += models * vocab_gathered + layers_local
+        elif cfg.tie_word_embeddings:
+            score_temp += models * vocab_gathered  # each model's embedding, transposed
     batch_bytes = rows * (seq * 5 + response_len * 16)
     rows_d = math.ceil(rows / row_split(rows, mesh))
     score = (weights + rollout_out + grammar_bytes + 2 * society + rows_d * response_len * 12
@@ -325,7 +368,10 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     if remat:
         # Each layer's input (float32) and the backward's attention blocks (3 float32 query
         # blocks of scores; unchunked: every layer keeps ~1.16 score tensors besides).
-        saved = L * mb_d * seq * h * 4
+        # Scanned with the rows off fsdp: the stacked inputs [L, rows, T, H] keep their
+        # hidden dim split across fsdp.
+        h_saved = h // div(h, f) if scan_layers and not rows_on_fsdp else h
+        saved = L * mb_d * seq * h_saved * 4
         q_u = attention_chunk if 0 < attention_chunk < seq else seq
         attn_u = 3 * mb_d * heads_l * q_u * seq * 4
         if not 0 < attention_chunk < seq:
@@ -334,7 +380,16 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
         # Korthikanti et al. (2022): 34*T*B*H + 5*heads*T^2*B at 16 bits per layer.
         saved = L * (34 * seq * mb_d * h // t + 5 * heads_l * seq * seq * mb_d) * cbytes // 2
         attn_u = 0
-    if lora_rank:
+    if scan_layers:
+        # Scanned: each layer's gradients are reduce-scattered inside its iteration of the
+        # backward scan and written into stacked bf16 gradients (the layer shards once; LoRA:
+        # the merge is outside the scan, every layer's base and merged kernels widened to
+        # float32 for it), beside the policy's float32 stack; the LM head and embedding as
+        # in the unrolled program (gathered whole when the rows lie on fsdp).
+        layer_grads = 2 * 2 * merged if lora_rank else layers_local
+        layer_grads += stack
+        vocab_u = 2 * (vocab_gathered + vocab_f32) if rows_on_fsdp else 2 * vocab_f32
+    elif lora_rank:
         # Every layer's base widened for the merge and merged kernels widened for the dots
         # (float32) beside the bf16 merge, and one layer's float32 gradient in flight; the
         # LM head and the embedding (frozen, whole) in float32.
@@ -356,7 +411,12 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
         layer_grads = 2 * layers_local
         vocab_u = 2 * vocab_f32
     activations = saved + attn_u + logits
-    update_temp = carry + layer_grads + vocab_u + activations
+    if scan_layers:
+        # The backward (the gradient accumulator: one trainable tree) and the optimizer step
+        # (`carry`: new parameters, both moments, the accumulator) peak apart.
+        update_temp = max(carry, trainable + layer_grads + vocab_u + activations)
+    else:
+        update_temp = carry + layer_grads + vocab_u + activations
     # The three-program update does not donate its state: the new state is an output. Of
     # the grammar it reads the [S, V] bool table (the FSM states came with the batch): a
     # fifth of the tables' bytes.
@@ -368,12 +428,19 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
         # the trajectories, and the largest of the three phases' working sets.
         # LoRA: the rollout's merged kernels stay live (XLA shares them with the update's
         # first merge).
-        programs["epoch"] = int(state + society + grammar_bytes + rollout_out + merged
-                                + max(rollout_temp, score_temp, update_temp))
+        epoch_temp = max(rollout_temp, score_temp, update_temp)
+        if scan_layers:
+            # Scanned: the merged kernels are the stacks (no copy beside them); where scoring
+            # builds bf16 stacks (its rows off fsdp), the rollout's two passes keep a bf16
+            # stack each beside the float32 one (XLA shares it with scoring).
+            bf16_stacks = 2 * (merged or layers_local) if not rows_on_fsdp_s else 0
+            epoch_temp = max(rollout_temp + bf16_stacks, score_temp, update_temp)
+        programs["epoch"] = int(state + society + grammar_bytes + rollout_out + epoch_temp
+                                + (0 if scan_layers else merged))
     working = {"rollout": int(rollout_temp), "score": int(score_temp),
                "update": int(update_temp)}
     if donate:
-        working["epoch"] = max(working.values())
+        working["epoch"] = int(epoch_temp)
     return MemoryEstimate(params=params, grads=grads, optimizer=opt, reference=reference,
                           kv_cache=kv_cache, activations=int(activations),
                           programs=programs, working=working)
