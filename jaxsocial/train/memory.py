@@ -276,7 +276,9 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
         trainable = L * lora_rank * per_layer * 4 + value_head
         opt = optimizer_slots * trainable
         reference = 0
-        merged = L * layer_whole  # base + A @ B, every adapted kernel, materialised
+        # base + A @ B, every adapted kernel, materialised (sharded like the base: whole on
+        # a mesh without fsdp)
+        merged = layers_local
         models = 1  # the policy and the reference share the frozen LM head
     else:
         trainable = params + value_head
