@@ -68,3 +68,19 @@ def jaxpr_shapes(fn, *args):
 
     walk(jax.make_jaxpr(fn)(*args).jaxpr)
     return shapes
+
+
+def assert_no_users_by_posts(params, users: int = 13):
+    """`recsys.recommend` for `users` users under `params` (post_capacity other than users)
+    never materialises a [users, posts] array, though both sizes do appear in its jaxpr."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxsocial.social import recsys, society
+
+    state = society.reset(jax.random.key(0), params)
+    shapes = jaxpr_shapes(lambda k, s, u: recsys.recommend(k, s, u, params),
+                          jax.random.key(0), state, jnp.arange(users, dtype=jnp.int32))
+    posts = params.post_capacity
+    assert any(posts in s for s in shapes) and any(users in s for s in shapes)
+    assert not [s for s in shapes if users in s and posts in s]

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import jaxpr_shapes
+from conftest import assert_no_users_by_posts
 
 from jaxsocial.social import recsys, society
 from jaxsocial.social.state import PostKind
@@ -389,9 +389,4 @@ def test_no_users_by_posts_intermediate():
     params = society.make_params(**{**BASE, "num_users": 37, "post_capacity": 101,
                                     "num_seed_posts": 101, "pool_size": 16, "in_network": 3,
                                     "overfetch": 2})
-    state = society.reset(jax.random.key(0), params)
-    users = jnp.arange(13, dtype=jnp.int32)
-    shapes = jaxpr_shapes(lambda k, s, u: recsys.recommend(k, s, u, params),
-                          jax.random.key(0), state, users)
-    assert any(101 in s for s in shapes) and any(13 in s for s in shapes)
-    assert not [s for s in shapes if 13 in s and 101 in s]
+    assert_no_users_by_posts(params)

@@ -108,9 +108,7 @@ def _abstract_weights(model_overrides: Optional[Dict[str, Any]] = None):
     def load(config):
         m = config.model
         cfg = llama.preset(m.preset, dtype=m.dtype, param_dtype=m.param_dtype,
-                           remat=bool(m.remat), attention_chunk=int(m.get("attention_chunk", 0)),
-                           scan_layers=bool(m.get("scan_layers", False)),
-                           **(model_overrides or {}))
+                           **{**loop.model_switches(m), **(model_overrides or {})})
         tokenizer = loading.resolve_tokenizer(config.tokenizer or None, cfg)
         model = nnx.eval_shape(lambda: llama.Llama(cfg, rngs=nnx.Rngs(0)))
         return model, tokenizer, loading.stop_token_ids(tokenizer, cfg)

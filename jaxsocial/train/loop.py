@@ -54,8 +54,14 @@ def _load(config):
     m = config.model  # model.require_checkpoint is checked by config_check
     return models.load(m.checkpoint or m.preset, dtype=m.dtype, param_dtype=m.param_dtype,
                        tokenizer=config.tokenizer or None, seed=int(config.seed),
-                       remat=bool(m.remat), attention_chunk=int(m.get("attention_chunk", 0)),
-                       scan_layers=bool(m.get("scan_layers", False)))
+                       **model_switches(m))
+
+
+def model_switches(m) -> dict:
+    """The `LlamaConfig` switches a config's `model` block sets over the checkpoint's or
+    preset's own (remat, attention_chunk, scan_layers)."""
+    return dict(remat=bool(m.remat), attention_chunk=int(m.get("attention_chunk", 0)),
+                scan_layers=bool(m.get("scan_layers", False)))
 
 
 class _BindGrammar:

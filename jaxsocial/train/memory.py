@@ -208,8 +208,8 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     - rollout: the KV cache of the device's prompts; the prefill's working set (3 float32
       blocks: the larger of a query block's attention scores and the MLP's [rows, T, I/t]
       activations); one more copy of the policy's layer shards (LoRA: the merged kernels,
-      whole); the LM head as the CPU computes with it (2 float32 copies of the local vocab
-      shard, plus the bf16 head gathered whole when fsdp splits it).
+      sharded like the base); the LM head as the CPU computes with it (2 float32 copies of
+      the local vocab shard, plus the bf16 head gathered whole when fsdp splits it).
     - scoring (micro-batches of score_micro_batch rows): per model, the LM head in float32;
       the MLP activations of one micro-batch; when the rows lie on the fsdp axis, each
       model's vocab matrices gathered whole and a copy of one model's layer shards (tied
