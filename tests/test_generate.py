@@ -1,5 +1,7 @@
 """generate(): parity with transformers' generate, exact log-probs, stops, grammar, no retrace."""
 
+import dataclasses
+
 import hf_utils
 import jax
 import jax.numpy as jnp
@@ -21,6 +23,7 @@ from jaxsocial.generation import (
 )
 from jaxsocial.generation import grammar as gr
 from jaxsocial.generation.generate import TRACE_COUNTS, _programs, bucket_length
+from jaxsocial.generation.sampling import MAX_PREFILL_CHUNKS
 from jaxsocial.models import checkpoint_hf
 
 V = 97
@@ -80,7 +83,8 @@ def full_forward_reference(torch_model, ids, mask, out):
     return logits[:, p - 1:p - 1 + out.tokens.shape[1]]
 
 
-def test_greedy_matches_transformers_generate(models):
+@pytest.mark.parametrize("prefill_chunk", [0, 4])  # whole prompt; 4 chunks of a 16 bucket
+def test_greedy_matches_transformers_generate(models, prefill_chunk):
     ours, torch_model = models
     ids, mask = left_padded([5, 11, 8], 11, seed=0)
     n = 12
@@ -90,7 +94,8 @@ def test_greedy_matches_transformers_generate(models):
     stop = next(t for i, t in enumerate(row) if i >= 2 and t not in row[:i] and t != END)
     ref = hf_generate(torch_model, ids, mask, n, eos=(END, stop))
     config = SamplingConfig(max_new_tokens=n, temperature=0.0, stop_token_ids=(END, stop),
-                            prompt_bucket=16)
+                            prompt_bucket=16, prefill_chunk=prefill_chunk)
+    assert len(config.prefill_chunks(16)) == (4 if prefill_chunk else 1)
     out = generate(ours, ids, mask, jax.random.key(0), config)
     m = ref.shape[1]
     np.testing.assert_array_equal(np.asarray(out.tokens)[:, :m], ref)
@@ -124,6 +129,37 @@ def test_logprobs_equal_log_softmax_over_temperature_of_full_forward(models, sam
     again = recompute(ours, jnp.asarray(ids), jnp.asarray(mask), out.tokens, out.mask,
                                SAMPLED)
     np.testing.assert_allclose(np.asarray(again), np.asarray(out.logprobs), atol=1e-4)
+
+
+def test_chunked_prefill_gives_the_whole_prompts_logprobs(models, sampled):
+    """Prefill in 4 chunks (each attending only to the slots filled so far) against one
+    forward over the whole prompt: the same tokens and log-probs to float rounding, and both
+    equal a re-scoring. The rows' prompts (1..14 real tokens) start inside different chunks,
+    so some rows' first chunks are all padding."""
+    ours, _ = models
+    ids, mask, _ = sampled
+    outs = [generate(ours, ids, mask, jax.random.key(5),
+                     dataclasses.replace(SAMPLED, prefill_chunk=c)) for c in (0, 4)]
+    whole, chunked = outs
+    assert not np.asarray(whole.mask).all() and np.asarray(whole.lengths).max() > 1
+    np.testing.assert_array_equal(np.asarray(chunked.tokens), np.asarray(whole.tokens))
+    np.testing.assert_allclose(np.asarray(chunked.logprobs), np.asarray(whole.logprobs),
+                               atol=1e-5, rtol=0)
+    again = recompute(ours, jnp.asarray(ids), jnp.asarray(mask), chunked.tokens, chunked.mask,
+                      SAMPLED)
+    np.testing.assert_allclose(np.asarray(again), np.asarray(chunked.logprobs), atol=1e-4)
+
+
+def test_prefill_chunks_plan():
+    plan = SamplingConfig(prefill_chunk=64).prefill_chunks
+    assert plan(128) == ((0, 64), (64, 128))
+    assert plan(100) == ((0, 64), (64, 100))
+    assert plan(64) == ((0, 64),) and plan(40) == ((0, 40),)
+    assert SamplingConfig(prefill_chunk=0).prefill_chunks(4096) == ((0, 4096),)
+    # At most MAX_PREFILL_CHUNKS forwards: a long prompt gets longer chunks.
+    long = plan(4096)
+    assert len(long) == MAX_PREFILL_CHUNKS and long[-1] == (3584, 4096)
+    assert all(a[1] == b[0] for a, b in zip(long, long[1:]))
 
 
 def test_hidden_is_final_hidden_state_of_last_response_token(models, sampled):

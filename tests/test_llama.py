@@ -4,6 +4,8 @@ Weights always take the real path: a random transformers model -> its `save_pret
 directory -> our `checkpoint_hf.from_pretrained`.
 """
 
+import functools
+
 import hf_utils
 import jax
 import jax.numpy as jnp
@@ -154,6 +156,52 @@ def test_cache_prefill_then_decode_matches_full_forward(gqa, scan):
     assert np.asarray(cache.k).shape == (cfg.num_hidden_layers, B, T + 4,
                                          cfg.num_key_value_heads, cfg.head_dim)
     assert not np.asarray(cache.k)[:, :, T:].any()
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_kv_limit_attends_the_live_prefix_only(gqa, scan):
+    """Chunks that attend only to the slots filled so far (kv_limit = slots after the write)
+    give the full forward's logits; 8 spare slots past T are never read. Negative control: a
+    kv_limit that cuts off live slots (unchecked under jit, where the index is traced)
+    changes the logits, so the limit is really applied."""
+    model, _ = gqa
+    model = _scanned(model) if scan else model
+    ids, mask = _ids(6, (B, T)), _left_padded_mask()
+    full = np.asarray(model.forward(jnp.asarray(ids), jnp.asarray(mask)).logits)
+    graphdef, state = nnx.split(model)
+
+    @functools.partial(jax.jit, static_argnums=(4,))
+    def step(state, ids, mask, cache, kv_limit):
+        out = nnx.merge(graphdef, state).forward(ids, mask, cache=cache, kv_limit=kv_limit)
+        return out.logits, out.cache
+
+    cache = llama.init_cache(model.config, B, T + 8)
+    pieces = []
+    for a, b in [(0, 8), (8, 16)] + [(t, t + 1) for t in range(16, T)]:
+        if a == 8:
+            cut, _ = step(state, jnp.asarray(ids[:, a:b]), jnp.asarray(mask[:, a:b]), cache, 4)
+            assert np.abs(np.asarray(cut) - full[:, a:b])[mask[:, a:b]].max() > 1e-2
+        logits, cache = step(state, jnp.asarray(ids[:, a:b]), jnp.asarray(mask[:, a:b]), cache,
+                             b)
+        pieces.append(np.asarray(logits))
+    np.testing.assert_allclose(np.concatenate(pieces, 1)[mask], full[mask], atol=1e-5, rtol=0)
+    assert int(cache.index) == T
+
+
+@pytest.mark.parametrize("index, t, kv_limit, match", [
+    (0, 2, 9, "kv_limit must be in \\[1, 8\\].*got 9"),
+    (0, 2, 0, "kv_limit must be in \\[1, 8\\].*got 0"),
+    (4, 2, 5, "kv_limit 5 < 4 slots used \\+ 2 new tokens"),
+    (None, 2, 4, "kv_limit needs a cache")])
+def test_bad_kv_limit_is_an_error(gqa, index, t, kv_limit, match):
+    model, _ = gqa
+    cache = (None if index is None else
+             llama.init_cache(model.config, 1, 8).replace(index=jnp.int32(index)))
+    ids = jnp.ones((1, t), jnp.int32)
+    with pytest.raises(ValueError, match=match):
+        jax.eval_shape(lambda: model.forward(ids, cache=cache, kv_limit=kv_limit))
+    if cache is not None:  # the limit that fits is accepted
+        jax.eval_shape(lambda: model.forward(ids, cache=cache, kv_limit=index + t))
 
 
 def test_cache_overflow_is_an_error(gqa):

@@ -116,7 +116,7 @@ def test_same_key_same_tokens_different_key_different_tokens():
 @pytest.mark.parametrize("kwargs, match", [
     (dict(max_new_tokens=0), "max_new_tokens"), (dict(temperature=-1.0), "temperature"),
     (dict(top_k=-2), "top_k"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
-    (dict(prompt_bucket=-1), "prompt_bucket")])
+    (dict(prompt_bucket=-1), "prompt_bucket"), (dict(prefill_chunk=-1), "prefill_chunk")])
 def test_config_rejects_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SamplingConfig(**kwargs)

@@ -5,7 +5,8 @@ Shapes: B batch, P prompt bucket, N = max_new_tokens, S = P + N cache slots, V v
     generate(model, input_ids [B, T], attention_mask [B, T], key, config, grammar=None)
       1. left-pad the prompt to P = bucket(T) (so calls with nearby lengths share programs);
       2. prefill (jit): allocate the KV cache [L, B, S, K, D] once, in the compute dtype, run the
-         prompt through it, return (cache, logits of the last prompt slot [B, V]);
+         prompt through it in chunks (`SamplingConfig.prefill_chunk`; each chunk attends to
+         the slots filled so far only), return (cache, logits of the last prompt slot [B, V]);
       3. decode (jit, cache donated): while t < N and some row is live: mask logits with the
          grammar state, draw token t from `sampling.sample(fold_in(key, t), ...)`, advance the
          FSM, stop rows that emitted a stop id (or reached a grammar state allowing nothing),
@@ -94,9 +95,14 @@ def _build(graphdef, bucket: int, config: SamplingConfig, return_hidden: bool,
         cfg = model.config
         b = input_ids.shape[0]
         cache = llama.init_cache(cfg, b, bucket + n)
-        out = model.forward(input_ids, attention_mask, cache=cache)
-        # Only the last slot's logits are needed; out.logits ([B, P, V]) is dead code.
-        return out.cache, model.unembed(out.hidden[:, -1])
+        for start, end in config.prefill_chunks(bucket):
+            # Each chunk attends to the slots filled so far only (kv_limit): no work on the
+            # causally masked blocks, and scores of [B, heads, chunk, end], not [.., P, S].
+            out = model.forward(input_ids[:, start:end], attention_mask[:, start:end],
+                                cache=cache, kv_limit=end)
+            cache = out.cache
+        # Only the last slot's logits are needed; out.logits ([B, chunk, V]) is dead code.
+        return cache, model.unembed(out.hidden[:, -1])
 
     def decode(state, cache, logits, key, grammar):
         TRACE_COUNTS["decode"] += 1

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 Array = jax.Array
 
 NEG_INF = -1e30
+MAX_PREFILL_CHUNKS = 8  # forwards per prefill (each one a copy of the model in the program)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +31,11 @@ class SamplingConfig:
     top_k: keep the k most likely tokens (0 = off). top_p: nucleus mass (1.0 = off).
     stop_token_ids: a row stops after emitting any of these (the stop token is kept, masked 1).
     prompt_bucket: prompts are left-padded up to a multiple of this (power of two if 0).
+    prefill_chunk: the prompt runs through the model in chunks of this many tokens, each
+      attending only to the cache slots filled so far (causal blocks are skipped, and the
+      attention scores are [B, heads, chunk, filled], not [B, heads, P, S]); at most
+      `MAX_PREFILL_CHUNKS` chunks per prompt (longer prompts use longer chunks); 0 = the whole
+      prompt in one forward.
     """
 
     max_new_tokens: int = 64
@@ -38,6 +44,7 @@ class SamplingConfig:
     top_p: float = 1.0
     stop_token_ids: Tuple[int, ...] = ()
     prompt_bucket: int = 64
+    prefill_chunk: int = 64
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -50,6 +57,8 @@ class SamplingConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.prompt_bucket < 0:
             raise ValueError(f"prompt_bucket must be >= 0, got {self.prompt_bucket}")
+        if self.prefill_chunk < 0:
+            raise ValueError(f"prefill_chunk must be >= 0, got {self.prefill_chunk}")
         stops = self.stop_token_ids
         if isinstance(stops, int):
             stops = (stops,)
@@ -58,6 +67,15 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def prefill_chunks(self, prompt_len: int) -> Tuple[Tuple[int, int], ...]:
+        """The [start, end) token ranges the prefill of a `prompt_len`-token (bucketed) prompt
+        runs in: `prefill_chunk` tokens each, longer if that would take more than
+        `MAX_PREFILL_CHUNKS` forwards (each chunk is its own copy of the model in the program)."""
+        if self.prefill_chunk == 0 or self.prefill_chunk >= prompt_len:
+            return ((0, prompt_len),)
+        size = max(self.prefill_chunk, -(-prompt_len // MAX_PREFILL_CHUNKS))
+        return tuple((s, min(s + size, prompt_len)) for s in range(0, prompt_len, size))
 
 
 def sampling_logits(logits: Array, config: SamplingConfig,

@@ -398,9 +398,9 @@ class Attention(nnx.Module):
         return y if bias is None else y + bias[...].astype(dt)
 
     def __call__(self, x, positions, inv_freq, bias, kv_fn, chunk: int = 0):
-        """x [B, T, H]; bias [B, T, S] additive mask; kv_fn stores new k/v and returns the
-        full keys/values [B, S, K, D] to attend to; chunk: queries per attention block
-        (`LlamaConfig.attention_chunk`)."""
+        """x [B, T, H]; bias [B, T, S] additive mask over the S cache slots attended; kv_fn
+        stores new k/v and returns the full keys/values [B, S_max, K, D] (sliced to S here);
+        chunk: queries per attention block (`LlamaConfig.attention_chunk`)."""
         b, t, _ = x.shape
         dt = x.dtype
         on = _weights_move(x)
@@ -413,7 +413,8 @@ class Attention(nnx.Module):
         q = apply_rope(q, positions, inv_freq)
         k = apply_rope(k, positions, inv_freq)
         keys, values = kv_fn(k, v)
-        keys, values = keys.astype(dt), values.astype(dt)
+        live = bias.shape[-1]  # the live prefix of the cache (Llama.forward's kv_limit)
+        keys, values = keys[:, :live].astype(dt), values[:, :live].astype(dt)
         # GQA without repeating K/V: group the query heads under their kv head.
         q = q.reshape(b, t, self.k, self.n // self.k, self.d)
 
@@ -507,13 +508,16 @@ class Llama(nnx.Module):
         return jnp.matmul(hidden, w, preferred_element_type=jnp.float32)
 
     def forward(self, input_ids: Array, attention_mask: Optional[Array] = None, *,
-                cache: Optional[KVCache] = None) -> LlamaOutput:
+                cache: Optional[KVCache] = None, kv_limit: Optional[int] = None) -> LlamaOutput:
         """input_ids [B, T] int; attention_mask [B, T] (1 = real token, 0 = left padding).
 
         Without a cache: a full causal forward. With a cache: the T tokens are written at
         slots [cache.index, cache.index + T) and attend to every earlier real slot; their
         positions continue from `cache.lengths`. Outside jit, writing past the cache's
         max_len raises ValueError; under jit it cannot be checked (size the cache).
+        kv_limit (static int, with a cache): attend to the first kv_limit slots only, the live
+        prefix (the caller promises cache.index + T <= kv_limit; checked outside jit), so the
+        attention's work and reads scale with the filled part of the cache, not its size.
         Sliding-window layers attend to the last `sliding_window` slots only (the cache still
         keeps every slot).
         """
@@ -530,6 +534,8 @@ class Llama(nnx.Module):
         inv_freq = rope_inv_freq(cfg)
 
         if cache is None:
+            if kv_limit is not None:
+                raise ValueError("kv_limit needs a cache (it bounds the cache slots attended)")
             q_slot = kv_slot = jnp.arange(t)
             allowed = (kv_slot[None, :] <= q_slot[:, None])[None] & mask[:, None, :]
             kv_fns = [lambda k, v: (k, v)] * cfg.num_hidden_layers
@@ -550,9 +556,17 @@ class Llama(nnx.Module):
                 # position and silently overwrite earlier slots.
                 raise ValueError(f"KV cache overflow: {int(idx)} slots used + {t} new tokens > "
                                  f"max_len {s}")
+            live = s if kv_limit is None else int(kv_limit)
+            if not 0 < live <= s:
+                raise ValueError(f"kv_limit must be in [1, {s}] (the cache's slots), got "
+                                 f"{kv_limit}")
+            if not isinstance(idx, jax.core.Tracer) and int(idx) + t > live:
+                raise ValueError(f"kv_limit {live} < {int(idx)} slots used + {t} new tokens")
             slot_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, idx))
-            q_slot, kv_slot = idx + jnp.arange(t), jnp.arange(s)
-            allowed = (kv_slot[None, :] <= q_slot[:, None])[None] & slot_mask[:, None, :]
+            # Attention sees slots [0, live): the bias's last axis sets how many keys each
+            # layer reads (Attention slices the cache to it).
+            q_slot, kv_slot = idx + jnp.arange(t), jnp.arange(live)
+            allowed = (kv_slot[None, :] <= q_slot[:, None])[None] & slot_mask[:, None, :live]
             store = {"k": list(cache.k), "v": list(cache.v)} if not cfg.scan_layers else {}
 
             def make_kv_fn(layer):
