@@ -142,7 +142,7 @@ def run_row(name, spec, args, peaks) -> dict:
     pad = 0 if cfg.pad_token_id is None else cfg.pad_token_id
     ids = np.where(mask, ids, pad).astype(np.int32)
     sc = SamplingConfig(max_new_tokens=new, temperature=1.0, top_k=top_k, top_p=top_p,
-                        stop_token_ids=(), prompt_bucket=64)
+                        stop_token_ids=(), prompt_bucket=64, prefill_chunk=args.prefill_chunk)
     n_tok = batch * new
 
     def ours(i):
@@ -210,6 +210,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--scan_layers", action="store_true",
                     help="our model's layers as one lax.scan (LlamaConfig.scan_layers)")
+    ap.add_argument("--prefill_chunk", type=int, default=SamplingConfig.prefill_chunk,
+                    help="SamplingConfig.prefill_chunk (0 = the whole prompt in one forward)")
     ap.add_argument("--device_peaks", default="",
                     help="TFLOPS,GB_S: the accelerator's peak compute and memory bandwidth for "
                          "decode_share (e.g. 989,4800 on an H200); on a CPU they are measured")
@@ -236,7 +238,8 @@ def main():
         print(f"row={name} params={r['params_m']:.0f}M batch={r['batch']} prompt={r['prompt']}"
               f" new={r['new']} top_k={r['top_k']} top_p={r['top_p']}"
               f" ours_tok_s={r['ours_tok_s']:.0f} hf_tok_s={r['hf_tok_s']:.0f}"
-              f" ratio={r['ratio']:.2f} compile_s={r['compile_s']:.1f}{share}", flush=True)
+              f" ratio={r['ratio']:.2f} compile_s={r['compile_s']:.1f}"
+              f" prefill_ms={1e3 * r['prefill_s']:.0f}{share}", flush=True)
 
     r = roofline(args.prompt, args.new)
     print(f"roofline llama3_8b bf16 on H200 (4.3 TB/s), batch {r['batch']}, mean context "
