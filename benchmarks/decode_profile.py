@@ -14,6 +14,9 @@ For each row it times, best of `--repeats`, after a warm-up call:
 - `matmuls`: the same step's dense products alone (q/k/v/o, gate/up/down per layer, LM head);
 - `attention`: `forward` against all S cache slots minus `forward` against an 8-slot cache
   (what attending to every slot costs);
+- `live_prefix`: `forward` attending only to the first P + N/2 slots (`kv_limit`, the mean
+  live prefix of the loop), against the same full cache: what item 3 of issue 19 would give
+  the decode (on XLA:CPU the slice of the cache is copied before the dot, so it can cost more);
 - `cache_update`: writing one k/v slot per layer into the [B, S, K, D] buffers;
 - `sampling`: `sampling.sample` on [B, V] logits with the row's SamplingConfig;
 - `grammar`: gathering a [B, V] allowed mask from a 64-state table and masking the logits;
@@ -92,13 +95,15 @@ def profile(name: str, batch: int, prompt: int, new: int, repeats: int, top_k: i
     tok = jnp.ones((batch, 1), jnp.int32)
     live = jnp.ones((batch, 1), bool)
 
-    def forward(state, cache):
-        out = nnx.merge(graphdef, state).forward(tok, live, cache=cache)
+    def forward(state, cache, kv_limit=None):
+        out = nnx.merge(graphdef, state).forward(tok, live, cache=cache, kv_limit=kv_limit)
         return out.logits, out.cache
     # Donated like the loop's carry, so the cache is written in place, not copied.
-    forward = jax.jit(forward, donate_argnums=(1,))
+    forward = jax.jit(forward, donate_argnums=(1,), static_argnums=(2,))
     caches = [fresh_cache() for _ in range(repeats + 1)]
     t_forward = best(lambda: forward(state, caches.pop())[0], repeats)
+    caches = [fresh_cache() for _ in range(repeats + 1)]
+    t_live = best(lambda: forward(state, caches.pop(), prompt + new // 2)[0], repeats)
 
     w = nnx.to_pure_dict(state)
     x = jnp.ones((batch, h), jnp.float32)
@@ -148,7 +153,8 @@ def profile(name: str, batch: int, prompt: int, new: int, repeats: int, top_k: i
         return jax.lax.while_loop(lambda c: c[0] < new, body, (jnp.int32(0), tokens))[1]
     t_loop = best(lambda: loop(jnp.zeros((batch, new), jnp.int32)), repeats) / new
 
-    parts = dict(forward=t_forward, matmuls=t_matmul, attention=t_attn, cache_update=t_cache,
+    parts = dict(forward=t_forward, live_prefix=t_live, matmuls=t_matmul, attention=t_attn,
+                 cache_update=t_cache,
                  sampling=t_sample, grammar=t_grammar, loop=t_loop)
     return dict(row=name, params_m=cfg.num_params() / 1e6, batch=batch, cache_slots=s,
                 step=t_step, **parts)
@@ -166,8 +172,8 @@ def main():
     a = ap.parse_args()
     print(f"# jax {jax.__version__} on {jax.devices()[0].platform}; batch {a.batch}, prompt "
           f"{a.prompt}, {a.new} new tokens, T=1 top-k {a.top_k} top-p {a.top_p}; ms per step")
-    cols = ("step", "forward", "matmuls", "attention", "cache_update", "sampling", "grammar",
-            "loop")
+    cols = ("step", "forward", "live_prefix", "matmuls", "attention", "cache_update", "sampling",
+            "grammar", "loop")
     print(f"{'row':<13} {'params':>7} " + " ".join(f"{c:>12}" for c in cols)
           + f" {'fwd+samp+loop':>14}")
     for name in a.rows.split(","):

@@ -27,6 +27,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from jaxsocial.generation.sampling import SamplingConfig
 from jaxsocial.models.llama import LlamaConfig, as_dtype
 from jaxsocial.train.sharding import AXES, LOGICAL_AXIS_RULES, row_axes
 
@@ -173,7 +174,7 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
              minibatch_rows: Optional[int] = None,
              score_micro_batch: int = 0, attention_chunk: int = 0,
              social_params=None, text_rows: int = 0, grammar_bytes: int = 0,
-             scan_layers: bool = False) -> MemoryEstimate:
+             scan_layers: bool = False, prefill_chunk: Optional[int] = None) -> MemoryEstimate:
     """Per-device bytes of the epoch's programs: rollout, scoring, PPO update (the
     three-program epoch) and, with donate=True, the one-program epoch.
 
@@ -198,6 +199,8 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     alive beside scoring and the update (`society_bytes`), and the rollout's per-tick records
     of every post slot. grammar_bytes: the constrained-decoding tables (`tree_bytes`), an
     argument of the rollout, scoring and the epoch (the update reads its bool table).
+    prefill_chunk: the rollout's `SamplingConfig.prefill_chunk` (None: its default); the
+    prefill's working set is one chunk's (`SamplingConfig.prefill_chunks`).
 
     What each program holds, per device (the terms are the buffers XLA allocates for them,
     read from the compiled programs' buffer assignment at Llama-3-8B / 3.2-1B shapes:
@@ -206,10 +209,12 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     - every program: its arguments (weight shards, the society, the grammar, the rollout or
       the batch), its outputs, and the run state it does not take (`run_epoch` keeps it).
     - rollout: the KV cache of the device's prompts; the prefill's working set (3 float32
-      blocks: the larger of a query block's attention scores and the MLP's [rows, T, I/t]
-      activations); one more copy of the policy's layer shards (LoRA: the merged kernels,
-      sharded like the base); the LM head as the CPU computes with it (2 float32 copies of
-      the local vocab shard, plus the bf16 head gathered whole when fsdp splits it).
+      blocks: the larger of a query block's attention scores and the MLP's [rows, C, I/t]
+      activations, C the largest prefill chunk; a chunk's queries see the prompt's slots, the
+      whole-prompt prefill all prompt + response slots); one more copy of the policy's layer
+      shards (LoRA: the merged kernels, sharded like the base); the LM head as the CPU
+      computes with it (2 float32 copies of the local vocab shard, plus the bf16 head
+      gathered whole when fsdp splits it).
     - scoring (micro-batches of score_micro_batch rows): per model, the LM head in float32;
       the MLP activations of one micro-batch; when the rows lie on the fsdp axis, each
       model's vocab matrices gathered whole and a copy of one model's layer shards (tied
@@ -303,11 +308,15 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     b_r = math.ceil(batch / row_split(batch, mesh)) if rollout_sharded else batch
     ticks = math.ceil(rows / max(batch, 1))
     kv_cache = 2 * L * b_r * seq * kv_l * hd * cbytes
-    q_rows = attention_chunk if 0 < attention_chunk < prompt_len else prompt_len
-    attn_block = b_r * heads_l * q_rows * seq * 4
-    if not 0 < attention_chunk < prompt_len:
+    chunks = SamplingConfig(**({} if prefill_chunk is None else {"prefill_chunk": prefill_chunk})
+                            ).prefill_chunks(prompt_len)
+    c_rows = max(end - start for start, end in chunks)
+    keys = seq if len(chunks) == 1 else prompt_len  # a chunk attends to the filled slots only
+    q_rows = attention_chunk if 0 < attention_chunk < c_rows else c_rows
+    attn_block = b_r * heads_l * q_rows * keys * 4
+    if not 0 < attention_chunk < c_rows and not (scan_layers and len(chunks) > 1):
         attn_block *= L  # unchunked: every layer's scores (measured, docs/scaling.md)
-    prefill = 3 * max(attn_block, b_r * prompt_len * i_l * 4)
+    prefill = 3 * max(attn_block, b_r * c_rows * i_l * 4)
     lm_head = 2 * vocab_f32 + (vocab_gathered if f > 1 else 0)
     traj_row = prompt_len * 5 + response_len * 9  # ids + mask, tokens + logprobs + mask
     records = 0
