@@ -203,7 +203,7 @@ def main():
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--dtype", default="float32", help="compute/param dtype of our model")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--hf_threads", type=int, default=0,
                     help="torch intra-op threads for the peer (0 = torch's default)")
     ap.add_argument("--skip_hf", action="store_true", help="no PyTorch peer (e.g. on a GPU box)")
