@@ -234,12 +234,15 @@ def test_greedy_generation_matches_transformers_generate(families, name):
                           attention_mask=torch.as_tensor(mask.astype(np.int64)), do_sample=False,
                           max_new_tokens=n, eos_token_id=[END], pad_token_id=PAD)
     ref = ref[:, ids.shape[1]:].numpy()
-    config = SamplingConfig(max_new_tokens=n, temperature=0.0, stop_token_ids=(END,),
-                            prompt_bucket=16)
-    out = generate(model, ids, mask, jax.random.key(0), config)
     m = ref.shape[1]
     assert m > 6  # long enough for the window (4) to slide during decode
-    np.testing.assert_array_equal(np.asarray(out.tokens)[:, :m], ref)
+    # The 16-token prompt bucket in one forward, and in 4 chunks of 4 (each attending to the
+    # filled slots only; the sliding window spans chunks).
+    for prefill_chunk in (0, 4):
+        config = SamplingConfig(max_new_tokens=n, temperature=0.0, stop_token_ids=(END,),
+                                prompt_bucket=16, prefill_chunk=prefill_chunk)
+        out = generate(model, ids, mask, jax.random.key(0), config)
+        np.testing.assert_array_equal(np.asarray(out.tokens)[:, :m], ref)
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -261,7 +264,7 @@ def test_scanned_layers_match_transformers(families, name):
                              pad_token_id=PAD)[:, ids.shape[1]:].numpy()
     out = generate(scanned, ids, mask, jax.random.key(0),
                    SamplingConfig(max_new_tokens=12, temperature=0.0, stop_token_ids=(END,),
-                                  prompt_bucket=16))
+                                  prompt_bucket=16, prefill_chunk=4))
     np.testing.assert_array_equal(np.asarray(out.tokens)[:, :greedy.shape[1]], greedy)
     backwards = variant(model, scan_layers=True)
     backwards.layers = nnx.List(list(backwards.layers)[::-1])
