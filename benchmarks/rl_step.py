@@ -14,7 +14,7 @@ One step = generation (sampling the 32 responses) + scoring (reward, old / refer
 log-probs, values) + update (forward, backward, clip + AdamW). Ours: `generate`, then
 `policy.score_batch` with the rollout's log-probs (`old_logprobs="auto"`: reused in float32,
 so only the reference forward runs for GRPO) and `prompt_group=8` (each prompt's forward once
-per group of 8 samples, in scoring and in the update), then `grpo.make_update` /
+per group of 8 samples, in generation's prefill, in scoring and in the update), then `grpo.make_update` /
 `ppo.make_update`. TRL: `GRPOTrainer.train(max_steps=warmup + steps)` on an HF
 `LlamaForCausalLM` holding the same weights; its phases are timed by wrapping
 `_generate` (generation), `_generate_and_score_completions` (minus generation = scoring:
@@ -89,7 +89,7 @@ def ours_steps(args, model: llama.Llama, prompts: np.ndarray, algo: str, *,
     ids = jnp.asarray(np.repeat(prompts, g, axis=0))
     mask = jnp.ones(ids.shape, bool)
     sc = SamplingConfig(max_new_tokens=args.new, temperature=1.0, top_k=0, top_p=1.0,
-                        stop_token_ids=())
+                        stop_token_ids=(), prompt_group=prompt_group)
     score = jax.jit(lambda p, r, t, lp: policy_lib.score_batch(pdef, p, r, t, cfg,
                                                                rollout_logprobs=lp))
     update = mod.make_update(cfg, pdef)

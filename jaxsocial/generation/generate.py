@@ -7,6 +7,8 @@ Shapes: B batch, P prompt bucket, N = max_new_tokens, S = P + N cache slots, V v
       2. prefill (jit): allocate the KV cache [L, B, S, K, D] once, in the compute dtype, run the
          prompt through it in chunks (`SamplingConfig.prefill_chunk`; each chunk attends to
          the slots filled so far only), return (cache, logits of the last prompt slot [B, V]);
+         with `SamplingConfig.prompt_group` g > 1, only every g-th row is prefilled and its
+         cache and logits are repeated for its group;
       3. decode (jit, cache donated): while t < N and some row is live: mask logits with the
          grammar state, draw token t from `sampling.sample(fold_in(key, t), ...)`, advance the
          FSM, stop rows that emitted a stop id (or reached a grammar state allowing nothing),
@@ -93,8 +95,10 @@ def _build(graphdef, bucket: int, config: SamplingConfig, return_hidden: bool,
         TRACE_COUNTS["prefill"] += 1
         model = nnx.merge(graphdef, state)
         cfg = model.config
-        b = input_ids.shape[0]
-        cache = llama.init_cache(cfg, b, bucket + n)
+        g = max(config.prompt_group, 1)
+        if g > 1:  # one prefill per group of rows sharing a prompt (checked in _validate)
+            input_ids, attention_mask = input_ids[::g], attention_mask[::g]
+        cache = llama.init_cache(cfg, input_ids.shape[0], bucket + n)
         for start, end in config.prefill_chunks(bucket):
             # Each chunk attends to the slots filled so far only (kv_limit): no work on the
             # causally masked blocks, and scores of [B, heads, chunk, end], not [.., P, S].
@@ -102,7 +106,11 @@ def _build(graphdef, bucket: int, config: SamplingConfig, return_hidden: bool,
                                 cache=cache, kv_limit=end)
             cache = out.cache
         # Only the last slot's logits are needed; out.logits ([B, chunk, V]) is dead code.
-        return cache, model.unembed(out.hidden[:, -1])
+        logits = model.unembed(out.hidden[:, -1])
+        if g > 1:
+            rows = lambda x: jnp.repeat(x, g, axis=0)  # noqa: E731
+            cache, logits = cache.map_rows(rows), rows(logits)
+        return cache, logits
 
     def decode(state, cache, logits, key, grammar):
         TRACE_COUNTS["decode"] += 1
@@ -175,9 +183,22 @@ def _validate(cfg: llama.LlamaConfig, input_ids, attention_mask, config, grammar
     if grammar is not None and grammar.vocab_size != cfg.vocab_size:
         raise ValueError(f"grammar vocab size {grammar.vocab_size} != model vocab size "
                          f"{cfg.vocab_size}")
+    g = config.prompt_group
+    if g > 1 and input_ids.shape[0] % g:
+        raise ValueError(f"prompt_group {g} does not divide the batch of {input_ids.shape[0]} "
+                         f"rows")
     if isinstance(attention_mask, jax.core.Tracer) or isinstance(input_ids, jax.core.Tracer):
         return
     mask = np.asarray(attention_mask).astype(bool)
+    if g > 1:
+        ids = np.where(mask, np.asarray(input_ids), 0)
+        same = lambda x: (x.reshape((-1, g) + x.shape[1:]) == x[::g][:, None]).all(  # noqa: E731
+            axis=tuple(range(1, x.ndim + 1)))
+        bad = np.flatnonzero(~(same(ids) & same(mask)))
+        if bad.size:
+            raise ValueError(f"prompt_group {g}: the rows of group {int(bad[0])} (rows "
+                             f"{int(bad[0]) * g}-{int(bad[0]) * g + g - 1}) do not share one "
+                             f"prompt")
     empty = np.flatnonzero(~mask.any(axis=1))
     if empty.size:
         raise ValueError(f"prompt row {int(empty[0])} has no tokens (attention_mask all 0)")

@@ -36,6 +36,9 @@ class SamplingConfig:
       attention scores are [B, heads, chunk, filled], not [B, heads, P, S]); at most
       `MAX_PREFILL_CHUNKS` chunks per prompt (longer prompts use longer chunks); 0 = the whole
       prompt in one forward.
+    prompt_group: > 1: the rows come in contiguous groups of this many sharing one prompt
+      (GRPO's samples per prompt): the prefill runs once per group and its cache is repeated
+      for the group's rows, which then sample independently. 0 or 1: every row its own.
     """
 
     max_new_tokens: int = 64
@@ -45,6 +48,7 @@ class SamplingConfig:
     stop_token_ids: Tuple[int, ...] = ()
     prompt_bucket: int = 64
     prefill_chunk: int = 64
+    prompt_group: int = 0
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -59,6 +63,8 @@ class SamplingConfig:
             raise ValueError(f"prompt_bucket must be >= 0, got {self.prompt_bucket}")
         if self.prefill_chunk < 0:
             raise ValueError(f"prefill_chunk must be >= 0, got {self.prefill_chunk}")
+        if self.prompt_group < 0:
+            raise ValueError(f"prompt_group must be >= 0, got {self.prompt_group}")
         stops = self.stop_token_ids
         if isinstance(stops, int):
             stops = (stops,)
