@@ -14,8 +14,8 @@ One step = generation (sampling the 32 responses) + scoring (reward, old / refer
 log-probs, values) + update (forward, backward, clip + AdamW). Ours: `generate`, then
 `policy.score_batch` with the rollout's log-probs (`old_logprobs="auto"`: reused in float32,
 so only the reference forward runs for GRPO) and `prompt_group=8` (each prompt's forward once
-per group of 8 samples, in generation's prefill, in scoring and in the update), then `grpo.make_update` /
-`ppo.make_update`. TRL: `GRPOTrainer.train(max_steps=warmup + steps)` on an HF
+per group of 8 samples, in generation's prefill, in scoring and in the update), then
+`grpo.make_update` / `ppo.make_update`. TRL: `GRPOTrainer.train(max_steps=warmup + steps)` on an HF
 `LlamaForCausalLM` holding the same weights; its phases are timed by wrapping
 `_generate` (generation), `_generate_and_score_completions` (minus generation = scoring:
 rewards + reference forward; with one iteration TRL skips the old-log-prob forward) and the
