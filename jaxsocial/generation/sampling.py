@@ -38,7 +38,9 @@ class SamplingConfig:
       prompt in one forward.
     prompt_group: > 1: the rows come in contiguous groups of this many sharing one prompt
       (GRPO's samples per prompt): the prefill runs once per group and its cache is repeated
-      for the group's rows, which then sample independently. 0 or 1: every row its own.
+      for the group's rows, which then sample independently (generate checks the groups on
+      concrete inputs; under an outer jit each group gets its first row's prompt). 0 or 1:
+      every row its own.
     """
 
     max_new_tokens: int = 64
