@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from decode_profile import best  # benchmarks/: best of n after a warm-up call
 from flax import nnx
 
 from jaxsocial.generation.sampling import SamplingConfig
@@ -43,13 +43,7 @@ def time_prefill(preset, batch, prompt, new, chunk, repeats) -> float:
     ids = jnp.asarray(rs.randint(3, cfg.vocab_size, (batch, prompt)), jnp.int32)
     lengths = rs.randint(prompt // 2, prompt + 1, batch)
     mask = jnp.asarray(np.arange(prompt)[None] >= (prompt - lengths)[:, None])
-    jax.block_until_ready(prefill(state, ids, mask))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(prefill(state, ids, mask))
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    return best(lambda: prefill(state, ids, mask), repeats)
 
 
 def temp_mib(attention_chunk, prefill_chunk, prompt, batch=2, new=8) -> float:

@@ -308,8 +308,9 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     b_r = math.ceil(batch / row_split(batch, mesh)) if rollout_sharded else batch
     ticks = math.ceil(rows / max(batch, 1))
     kv_cache = 2 * L * b_r * seq * kv_l * hd * cbytes
-    chunks = SamplingConfig(**({} if prefill_chunk is None else {"prefill_chunk": prefill_chunk})
-                            ).prefill_chunks(prompt_len)
+    if prefill_chunk is None:
+        prefill_chunk = SamplingConfig.prefill_chunk
+    chunks = SamplingConfig(prefill_chunk=prefill_chunk).prefill_chunks(prompt_len)
     c_rows = max(end - start for start, end in chunks)
     keys = seq if len(chunks) == 1 else prompt_len  # a chunk attends to the filled slots only
     q_rows = attention_chunk if 0 < attention_chunk < c_rows else c_rows
@@ -317,7 +318,9 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     if not 0 < attention_chunk < c_rows and not (scan_layers and len(chunks) > 1):
         attn_block *= L  # unchunked: every layer's scores (measured, docs/scaling.md)
     prefill = 3 * max(attn_block, b_r * c_rows * i_l * 4)
-    lm_head = 2 * vocab_f32 + (vocab_gathered if f > 1 else 0)
+    # The LM head as the CPU computes with it, and the bf16 head gathered when fsdp splits it:
+    # once, or (scanned) by each of the prefill's and the decode step's passes.
+    lm_head = 2 * vocab_f32 + ((2 if scan_layers else 1) * vocab_gathered if f > 1 else 0)
     traj_row = prompt_len * 5 + response_len * 9  # ids + mask, tokens + logprobs + mask
     records = 0
     if social_params is not None:
@@ -327,9 +330,7 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     trajectories_d = ticks * b_r * traj_row
     rollout_out = trajectories_d + records
     if scan_layers:
-        # The prefill's and the decode step's stacks (float32: 2 x the bf16 stack each), and
-        # both passes' LM heads: each gathers its own when fsdp splits the vocab matrices.
-        lm_head = 2 * vocab_f32 + (2 * vocab_gathered if f > 1 else 0)
+        # The prefill's and the decode step's stacks (float32: 2 x the bf16 stack each).
         rollout_temp = kv_cache + prefill + 2 * stack + lm_head
     else:
         rollout_temp = kv_cache + prefill + (merged or layers_local) + lm_head
@@ -434,6 +435,8 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     update = (2 * state + math.ceil(batch_bytes / row_split(rows, mesh)) + grammar_bytes // 5
               + 2 * society + rollout_out + update_temp)
     programs = {"rollout": int(rollout), "score": int(score), "update": int(update)}
+    working = {"rollout": int(rollout_temp), "score": int(score_temp),
+               "update": int(update_temp)}
     if donate:
         # One program: the state (donated: the new state reuses it), society, grammar and
         # the trajectories, and the largest of the three phases' working sets.
@@ -448,9 +451,6 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
             epoch_temp = max(rollout_temp + bf16_stacks, score_temp, update_temp)
         programs["epoch"] = int(state + society + grammar_bytes + rollout_out + epoch_temp
                                 + (0 if scan_layers else merged))
-    working = {"rollout": int(rollout_temp), "score": int(score_temp),
-               "update": int(update_temp)}
-    if donate:
         working["epoch"] = int(epoch_temp)
     return MemoryEstimate(params=params, grads=grads, optimizer=opt, reference=reference,
                           kv_cache=kv_cache, activations=int(activations),
