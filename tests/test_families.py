@@ -262,10 +262,12 @@ def test_scanned_layers_match_transformers(families, name):
                              attention_mask=torch.as_tensor(mask.astype(np.int64)),
                              do_sample=False, max_new_tokens=12, eos_token_id=[END],
                              pad_token_id=PAD)[:, ids.shape[1]:].numpy()
-    out = generate(scanned, ids, mask, jax.random.key(0),
-                   SamplingConfig(max_new_tokens=12, temperature=0.0, stop_token_ids=(END,),
-                                  prompt_bucket=16, prefill_chunk=4))
-    np.testing.assert_array_equal(np.asarray(out.tokens)[:, :greedy.shape[1]], greedy)
+    for decode_buckets in (1, 3):  # one decode loop; three over a growing stacked cache
+        out = generate(scanned, ids, mask, jax.random.key(0),
+                       SamplingConfig(max_new_tokens=12, temperature=0.0, stop_token_ids=(END,),
+                                      prompt_bucket=16, prefill_chunk=4,
+                                      decode_buckets=decode_buckets))
+        np.testing.assert_array_equal(np.asarray(out.tokens)[:, :greedy.shape[1]], greedy)
     backwards = variant(model, scan_layers=True)
     backwards.layers = nnx.List(list(backwards.layers)[::-1])
     ids, mask = left_padded([23, 17, 9], 23, seed=1)

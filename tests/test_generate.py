@@ -22,9 +22,9 @@ from jaxsocial.generation import (
     recompute_logprobs,
 )
 from jaxsocial.generation import grammar as gr
-from jaxsocial.generation.generate import TRACE_COUNTS, _programs, bucket_length
+from jaxsocial.generation.generate import _PROGRAMS, TRACE_COUNTS, _programs, bucket_length
 from jaxsocial.generation.sampling import MAX_PREFILL_CHUNKS
-from jaxsocial.models import checkpoint_hf
+from jaxsocial.models import checkpoint_hf, llama
 
 V = 97
 PAD, END = 0, 2
@@ -83,8 +83,9 @@ def full_forward_reference(torch_model, ids, mask, out):
     return logits[:, p - 1:p - 1 + out.tokens.shape[1]]
 
 
-@pytest.mark.parametrize("prefill_chunk", [0, 4])  # whole prompt; 4 chunks of a 16 bucket
-def test_greedy_matches_transformers_generate(models, prefill_chunk):
+# The whole prompt in one forward; 4 chunks of a 16 bucket; and a decode in 3 segments.
+@pytest.mark.parametrize("prefill_chunk, decode_buckets", [(0, 1), (4, 1), (4, 3)])
+def test_greedy_matches_transformers_generate(models, prefill_chunk, decode_buckets):
     ours, torch_model = models
     ids, mask = left_padded([5, 11, 8], 11, seed=0)
     n = 12
@@ -94,7 +95,8 @@ def test_greedy_matches_transformers_generate(models, prefill_chunk):
     stop = next(t for i, t in enumerate(row) if i >= 2 and t not in row[:i] and t != END)
     ref = hf_generate(torch_model, ids, mask, n, eos=(END, stop))
     config = SamplingConfig(max_new_tokens=n, temperature=0.0, stop_token_ids=(END, stop),
-                            prompt_bucket=16, prefill_chunk=prefill_chunk)
+                            prompt_bucket=16, prefill_chunk=prefill_chunk,
+                            decode_buckets=decode_buckets)
     assert len(config.prefill_chunks(16)) == (4 if prefill_chunk else 1)
     out = generate(ours, ids, mask, jax.random.key(0), config)
     m = ref.shape[1]
@@ -160,6 +162,75 @@ def test_prefill_chunks_plan():
     long = plan(4096)
     assert len(long) == MAX_PREFILL_CHUNKS and long[-1] == (3584, 4096)
     assert all(a[1] == b[0] for a, b in zip(long, long[1:]))
+
+
+def test_decode_buckets_grow_the_cache_and_keep_the_tokens(models, sampled, monkeypatch):
+    """decode_buckets=3 runs SAMPLED's 10 steps over caches of P + 4, P + 7 and P + 10 slots
+    (the prefill allocates the first only) and gives the tokens and log-probs of one loop over
+    P + 10 slots, for rows that stop at different steps; a re-scoring agrees. Negative
+    control: a grow that forgets which slots are filled changes the tokens."""
+    ours, _ = models
+    ids, mask, _ = sampled
+    bucketed = dataclasses.replace(SAMPLED, decode_buckets=3)
+    assert bucketed.decode_segments() == (4, 7, 10)
+    graphdef, state = nnx.split(ours)
+    prefill, _ = _programs(graphdef, 16, ids.shape[0], bucketed, False, False)
+    cache, _ = jax.eval_shape(prefill, state, jnp.pad(ids, ((0, 0), (2, 0))),
+                              jnp.pad(mask, ((0, 0), (2, 0))))
+    assert cache.mask.shape == (ids.shape[0], 16 + 4)
+    one, three = [generate(ours, ids, mask, jax.random.key(6), c) for c in (SAMPLED, bucketed)]
+    lengths = np.asarray(one.lengths)
+    assert lengths.min() < 4 and lengths.max() > 7  # rows stop in different segments
+    np.testing.assert_array_equal(np.asarray(three.tokens), np.asarray(one.tokens))
+    np.testing.assert_allclose(np.asarray(three.logprobs), np.asarray(one.logprobs), atol=1e-5,
+                               rtol=0)
+    again = recompute(ours, jnp.asarray(ids), jnp.asarray(mask), three.tokens, three.mask,
+                      SAMPLED)
+    np.testing.assert_allclose(np.asarray(again), np.asarray(three.logprobs), atol=1e-4)
+
+    grow = llama.KVCache.grow
+    monkeypatch.setattr(llama.KVCache, "grow",
+                        lambda c, n: grow(c.replace(mask=jnp.zeros_like(c.mask)), n))
+    compiled = dict(_PROGRAMS)
+    _PROGRAMS.clear()  # retrace with the broken grow, then put the good programs back
+    try:
+        broken = generate(ours, ids, mask, jax.random.key(6), bucketed)
+        assert not np.array_equal(np.asarray(broken.tokens), np.asarray(one.tokens))
+    finally:
+        _PROGRAMS.clear()
+        _PROGRAMS.update(compiled)
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+def test_kv_cache_grow_keeps_the_filled_slots(stacked):
+    config = llama.preset("tiny", scan_layers=stacked)
+    cache = llama.init_cache(config, 2, 5)
+    k = jax.tree.map(lambda x: jax.random.normal(jax.random.key(x.ndim), x.shape), cache.k)
+    cache = cache.replace(k=k, mask=cache.mask.at[:, 2:].set(True), index=jnp.int32(5),
+                          lengths=jnp.array([3, 3], jnp.int32))
+    grown = cache.grow(8)
+    assert type(grown.k) is type(cache.k) and grown.mask.shape == (2, 8)
+    axis = 2 if stacked else 1
+    for old, new in zip(jax.tree.leaves(cache.k), jax.tree.leaves(grown.k)):
+        assert new.shape[axis] == 8
+        np.testing.assert_array_equal(np.asarray(jnp.take(new, jnp.arange(5), axis)), old)
+        assert not np.asarray(jnp.take(new, jnp.arange(5, 8), axis)).any()
+    np.testing.assert_array_equal(np.asarray(grown.mask[:, :5]), np.asarray(cache.mask))
+    assert not np.asarray(grown.mask[:, 5:]).any()
+    assert int(grown.index) == 5 and list(np.asarray(grown.lengths)) == [3, 3]
+    with pytest.raises(ValueError, match="cannot grow a cache of 5 slots to 4"):
+        cache.grow(4)
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("decode_buckets", 0, "decode_buckets must be in \\[1, max_new_tokens=8\\], got 0"),
+    ("decode_buckets", 9, "decode_buckets must be in \\[1, max_new_tokens=8\\], got 9"),
+    ("prefill_chunk", -1, "prefill_chunk must be >= 0, got -1"),
+    ("prompt_group", -2, "prompt_group must be >= 0, got -2")])
+def test_bad_sampling_config_raises(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingConfig(max_new_tokens=8, **{field: value})
+    SamplingConfig(max_new_tokens=8, **{field: 8 if field == "decode_buckets" else 0})
 
 
 def test_hidden_is_final_hidden_state_of_last_response_token(models, sampled):

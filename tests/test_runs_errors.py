@@ -62,6 +62,7 @@ def _main(mod, capsys, *args, **overrides):
     ("train.epochs", -1, ("train.epochs=-1",)),
     ("reward.normalize", "runing", ("reward.normalize='runing'", "running")),
     ("agents.active_per_tick", 9, ("agents.active_per_tick=9",)),
+    ("rollout.decode_buckets", 0, ("rollout.decode_buckets=0", "[1, ")),
 ])
 def test_config_check_names_the_bad_key(key, value, named):
     config_check.check(load_config())  # control: the smoke config passes

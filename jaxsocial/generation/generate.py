@@ -12,7 +12,10 @@ Shapes: B batch, P prompt bucket, N = max_new_tokens, S = P + N cache slots, V v
       3. decode (jit, cache donated): while t < N and some row is live: mask logits with the
          grammar state, draw token t from `sampling.sample(fold_in(key, t), ...)`, advance the
          FSM, stop rows that emitted a stop id (or reached a grammar state allowing nothing),
-         write the token into the cache and compute the next logits.
+         write the token into the cache and compute the next logits. With
+         `SamplingConfig.decode_buckets` m > 1 the loop runs in m segments: the prefill
+         allocates P + the first segment's steps, and the cache grows (one copy) before each
+         later segment, so the attention reads at most one segment of empty slots.
 
 After a row stops its tokens are `pad_token_id`, its mask is False and its log-probs 0. The
 log-probs are those of the sampling distribution (`sampling.token_logprobs`), so
@@ -90,6 +93,7 @@ def _build(graphdef, bucket: int, config: SamplingConfig, return_hidden: bool,
     n = config.max_new_tokens
     # numpy, not jnp: no tracer when this is built inside a trace
     stops = np.asarray(config.stop_token_ids or (-1,), np.int32)
+    segments = config.decode_segments()
 
     def prefill(state, input_ids, attention_mask):
         TRACE_COUNTS["prefill"] += 1
@@ -98,7 +102,7 @@ def _build(graphdef, bucket: int, config: SamplingConfig, return_hidden: bool,
         g = max(config.prompt_group, 1)
         if g > 1:  # one prefill per group of rows sharing a prompt (checked in _validate)
             input_ids, attention_mask = input_ids[::g], attention_mask[::g]
-        cache = llama.init_cache(cfg, input_ids.shape[0], bucket + n)
+        cache = llama.init_cache(cfg, input_ids.shape[0], bucket + segments[0])
         for start, end in config.prefill_chunks(bucket):
             # Each chunk attends to the slots filled so far only (kv_limit): no work on the
             # causally masked blocks, and scores of [B, heads, chunk, end], not [.., P, S].
@@ -130,8 +134,8 @@ def _build(graphdef, bucket: int, config: SamplingConfig, return_hidden: bool,
             mask=jnp.zeros((b, n), bool),
             hidden=jnp.zeros((b, cfg.hidden_size), jnp.float32))
 
-        def cond(c):
-            return (c["t"] < n) & ~jnp.all(c["done"])
+        def cond(end):
+            return lambda c: (c["t"] < end) & ~jnp.all(c["done"])
 
         def body(c):
             t = c["t"]
@@ -156,7 +160,13 @@ def _build(graphdef, bucket: int, config: SamplingConfig, return_hidden: bool,
                 mask=jax.lax.dynamic_update_slice(c["mask"], live[:, None], (0, t)),
                 hidden=hidden)
 
-        c = jax.lax.while_loop(cond, body, carry)
+        c = carry
+        for end in segments:
+            # Segment by segment, the cache holds P + `end` slots: the attention of its steps
+            # reads at most one segment of empty slots (grown once per segment, not sliced
+            # per step: a slice is a copy on every step).
+            c = dict(c, cache=c["cache"].grow(bucket + end))
+            c = jax.lax.while_loop(cond(end), body, c)
         # The cache is returned (and dropped by the caller) so the donated input buffer aliases
         # it: the loop updates the prefill's allocation in place instead of copying it.
         out = GenerationOutput(tokens=c["tokens"], logprobs=c["logprobs"], mask=c["mask"],
@@ -164,7 +174,9 @@ def _build(graphdef, bucket: int, config: SamplingConfig, return_hidden: bool,
                                hidden=c["hidden"] if return_hidden else None)
         return c["cache"], out
 
-    return jax.jit(prefill), jax.jit(decode, donate_argnums=(1,))
+    # With more than one segment no output has the donated cache's shape (grown in the
+    # program), so there is nothing to donate to.
+    return jax.jit(prefill), jax.jit(decode, donate_argnums=(1,) if len(segments) == 1 else ())
 
 
 def _validate(cfg: llama.LlamaConfig, input_ids, attention_mask, config, grammar) -> None:

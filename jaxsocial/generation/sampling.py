@@ -41,6 +41,11 @@ class SamplingConfig:
       for the group's rows, which then sample independently (generate checks the groups on
       concrete inputs; under an outer jit each group gets its first row's prompt). 0 or 1:
       every row its own.
+    decode_buckets: the decode runs in this many segments of about N / decode_buckets steps,
+      each with a cache just long enough for it (P + the tokens written by its last step),
+      grown between segments: a step attends to at most one segment of empty slots instead of
+      all N decode slots, at the cost of one cache copy per segment and one copy of the decode
+      loop per segment in the program. 1 = one loop over a P + N slot cache.
     """
 
     max_new_tokens: int = 64
@@ -51,6 +56,7 @@ class SamplingConfig:
     prompt_bucket: int = 64
     prefill_chunk: int = 64
     prompt_group: int = 0
+    decode_buckets: int = 1
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -67,6 +73,9 @@ class SamplingConfig:
             raise ValueError(f"prefill_chunk must be >= 0, got {self.prefill_chunk}")
         if self.prompt_group < 0:
             raise ValueError(f"prompt_group must be >= 0, got {self.prompt_group}")
+        if not 1 <= self.decode_buckets <= self.max_new_tokens:
+            raise ValueError(f"decode_buckets must be in [1, max_new_tokens="
+                             f"{self.max_new_tokens}], got {self.decode_buckets}")
         stops = self.stop_token_ids
         if isinstance(stops, int):
             stops = (stops,)
@@ -84,6 +93,12 @@ class SamplingConfig:
             return ((0, prompt_len),)
         size = max(self.prefill_chunk, -(-prompt_len // MAX_PREFILL_CHUNKS))
         return tuple((s, min(s + size, prompt_len)) for s in range(0, prompt_len, size))
+
+    def decode_segments(self) -> Tuple[int, ...]:
+        """The decode steps at which each segment ends (`decode_buckets` near-equal segments of
+        the `max_new_tokens` steps; the last ends at N). Segment j's cache holds P + its end."""
+        n, m = self.max_new_tokens, self.decode_buckets
+        return tuple(-(-n * (j + 1) // m) for j in range(m))
 
 
 def sampling_logits(logits: Array, config: SamplingConfig,

@@ -321,6 +321,24 @@ class KVCache:
         return KVCache(k=per_layer(self.k), v=per_layer(self.v), mask=fn(self.mask),
                        index=self.index, lengths=fn(self.lengths))
 
+    def grow(self, max_len: int) -> "KVCache":
+        """The cache with `max_len` slots: the current ones, then empty ones (one copy)."""
+        slots = self.mask.shape[1]
+        if max_len < slots:
+            raise ValueError(f"cannot grow a cache of {slots} slots to {max_len}")
+        stacked = not isinstance(self.k, tuple)  # [L, B, S, K, D] vs L x [B, S, K, D]
+
+        def pad(x, axis):
+            widths = [(0, 0)] * x.ndim
+            widths[axis] = (0, max_len - slots)
+            return jnp.pad(x, widths)
+
+        def pad_kv(kv):
+            return pad(kv, 2) if stacked else tuple(pad(x, 1) for x in kv)
+
+        return KVCache(k=pad_kv(self.k), v=pad_kv(self.v), mask=pad(self.mask, 1),
+                       index=self.index, lengths=self.lengths)
+
 
 def init_cache(config: LlamaConfig, batch: int, max_len: int, dtype: Any = None) -> KVCache:
     """An empty cache for `batch` rows and `max_len` slots, in the compute dtype by default

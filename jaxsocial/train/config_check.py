@@ -144,6 +144,9 @@ def check(config: ml_collections.ConfigDict) -> None:
     need(users >= agents, f"society.num_users={int(users)} < agents.num_agents={int(agents)}")
     at_least("rollout.ticks_per_epoch", 1, 1)
     at_least("rollout.max_new_tokens", 1, 1)
+    buckets, new = num("rollout.decode_buckets", 1), int(num("rollout.max_new_tokens", 1))
+    need(1 <= buckets <= new, f"rollout.decode_buckets={_get(config, 'rollout.decode_buckets')} "
+         f"must be in [1, {new}] (at most one decode segment per new token)")
     at_least("rollout.temperature", 0, 1.0)
     at_least("rl.minibatches", 1, 1)
     at_least("rl.ppo_epochs", 1, 1)

@@ -57,7 +57,8 @@ def base_config() -> ml_collections.ConfigDict:
         num_seed_posts=256, feed_size=4, pool_size=128, recsys="twitter", crowd=True,
         max_active=256, crowd_budget=512))
     c.rollout = ml_collections.ConfigDict(dict(
-        ticks_per_epoch=8, max_new_tokens=16, temperature=0.7, top_k=0, top_p=1.0))
+        ticks_per_epoch=8, max_new_tokens=16, temperature=0.7, top_k=0, top_p=1.0,
+        decode_buckets=1))  # SamplingConfig.decode_buckets: > 1 pays for long responses only
     c.reward = ml_collections.ConfigDict(dict(
         horizon=4,           # H ticks after creation
         settle=True,         # H-1 crowd-only ticks end each epoch so every post sees its horizon

@@ -144,7 +144,8 @@ class SocialRL:
         self.sampling = SamplingConfig(
             max_new_tokens=n_new, temperature=float(c.rollout.temperature),
             top_k=int(c.rollout.top_k), top_p=float(c.rollout.top_p),
-            stop_token_ids=self.stop_ids, prompt_bucket=self.template.max_len)
+            stop_token_ids=self.stop_ids, prompt_bucket=self.template.max_len,
+            decode_buckets=int(c.rollout.get("decode_buckets", 1)))
         self.rl_config = self._rl_config(c)
         lora = None
         if int(c.rl.lora_rank) > 0:
