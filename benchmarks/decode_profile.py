@@ -62,6 +62,26 @@ def best(fn, repeats: int) -> float:
     return min(times)
 
 
+def dense_matmuls(cfg: llama.LlamaConfig, head_rows: int):
+    """A jitted fn(w, x [rows, H]) of the model's dense products alone: per layer q/k/v/o and
+    gate/up/down on every row, then the LM head on the last `head_rows` rows (a decode step:
+    rows = head_rows = batch; a prefill: rows = batch x prompt, head_rows = batch). `w`:
+    `nnx.to_pure_dict` of the model's state."""
+    @jax.jit
+    def matmuls(w, x):
+        y = x
+        for layer in w["layers"].values():
+            a, m = layer["self_attn"], layer["mlp"]
+            q = y @ a["q_proj"]
+            k = y @ a["k_proj"]
+            vv = y @ a["v_proj"]
+            y = y + (q + jnp.pad(k + vv, ((0, 0), (0, q.shape[1] - k.shape[1])))) @ a["o_proj"]
+            y = y + ((y @ m["gate_proj"]) * (y @ m["up_proj"])) @ m["down_proj"]
+        head = w["embed_tokens"].T if cfg.tie_word_embeddings else w["lm_head"]
+        return y[-head_rows:] @ head
+    return matmuls
+
+
 def profile(name: str, batch: int, prompt: int, new: int, repeats: int, top_k: int,
             top_p: float) -> dict:
     spec = dict(ROWS[name])
@@ -107,19 +127,7 @@ def profile(name: str, batch: int, prompt: int, new: int, repeats: int, top_k: i
 
     w = nnx.to_pure_dict(state)
     x = jnp.ones((batch, h), jnp.float32)
-
-    @jax.jit
-    def matmuls(w, x):
-        y = x
-        for layer in w["layers"].values():
-            a, m = layer["self_attn"], layer["mlp"]
-            q = y @ a["q_proj"]
-            k = y @ a["k_proj"]
-            vv = y @ a["v_proj"]
-            y = y + (q + jnp.pad(k + vv, ((0, 0), (0, q.shape[1] - k.shape[1])))) @ a["o_proj"]
-            y = y + ((y @ m["gate_proj"]) * (y @ m["up_proj"])) @ m["down_proj"]
-        head = w["embed_tokens"].T if cfg.tie_word_embeddings else w["lm_head"]
-        return y @ head
+    matmuls = dense_matmuls(cfg, batch)
     t_matmul = best(lambda: matmuls(w, x), repeats)
 
     # Attention over the cache = the same forward against all S slots minus against an

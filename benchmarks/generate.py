@@ -11,7 +11,9 @@ shapes (random weights: speed does not depend on them, and no row stops early), 
 64, 128 new (decode-heavy). One line per row, then the CPU roofline of each row's decode: FLOPs
 and bytes per step (every weight and cached K/V byte read once) against the sgemm GFLOP/s and
 the read bandwidth of a matrix-vector product, measured in the same process; `decode_share` =
-our decode-only tokens/s over that bound.
+our decode-only tokens/s over that bound; `floor_tok_s` = the fastest the row could run with
+XLA's dense products as they run here and every other part at its floor (`floor_seconds`), and
+`floor_ratio` that over HF: the most any change outside XLA's matmuls could reach.
 
 Both sides sample (temperature 1, top-k 50, top-p 0.95) for exactly `--new` tokens (no stop
 ids), from the same random left-padded prompts; compile / warm-up calls are excluded and the
@@ -32,9 +34,10 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from decode_profile import best, dense_matmuls  # benchmarks/: the profile's parts
 from flax import nnx
 
-from jaxsocial.generation import SamplingConfig, generate
+from jaxsocial.generation import SamplingConfig, generate, sampling
 from jaxsocial.models import checkpoint_hf, llama
 
 generate_module = importlib.import_module("jaxsocial.generation.generate")
@@ -172,6 +175,9 @@ def run_row(name, spec, args, peaks) -> dict:
     if peaks is not None:
         bound = decode_bound(cfg, batch, prompt + new / 2, *peaks)
         res.update(decode_bound_tok_s=bound, decode_share=decode_tok_s / bound)
+        if jax.default_backend() == "cpu":
+            res["floor_tok_s"] = n_tok / floor_seconds(cfg, state, sc, batch, bucket,
+                                                       prompt + new / 2, peaks[1], args.repeats)
     if not args.skip_hf:
         import torch
         if args.hf_threads:
@@ -192,7 +198,28 @@ def run_row(name, spec, args, peaks) -> dict:
         hf_s, hf_cpu = timed(hf, args.repeats)
         res.update(hf_tok_s=n_tok / hf_s, hf_cpu_s=hf_cpu, hf_threads=torch.get_num_threads())
     res["ratio"] = res["ours_tok_s"] / res["hf_tok_s"]
+    res["floor_ratio"] = res.get("floor_tok_s", float("nan")) / res["hf_tok_s"]
     return res
+
+
+def floor_seconds(cfg, state, sc, batch, bucket, context, bytes_s, repeats) -> float:
+    """The fastest this row's `generate` could be with XLA's dense products as fast as they run
+    here and everything else at its floor: the prefill's matmuls (batch x bucket rows, the LM
+    head on the last slot only), then per decode step the step's matmuls, one read of the K/V
+    cache at the mean context at the measured read bandwidth, and `sampling.sample` (all
+    measured in this process; attention, norms, RoPE, softmax and the loop count zero)."""
+    w = nnx.to_pure_dict(state)
+    h, dt = cfg.hidden_size, cfg.dtype
+    matmuls = dense_matmuls(cfg, batch)
+    x, xs = jnp.ones((batch * bucket, h), dt), jnp.ones((batch, h), dt)
+    t_prefill = best(lambda: matmuls(w, x), repeats)
+    t_mm = best(lambda: matmuls(w, xs), repeats)
+    logits = jax.random.normal(jax.random.key(0), (batch, cfg.vocab_size))
+    draw = jax.jit(lambda k, lg: sampling.sample(k, lg, sc)[0])
+    t_sample = best(lambda: draw(jax.random.key(1), logits), repeats)
+    kv_bytes = (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * context
+                * batch * np.dtype(jnp.dtype(dt)).itemsize)
+    return t_prefill + sc.max_new_tokens * (t_mm + kv_bytes / bytes_s + t_sample)
 
 
 def main():
@@ -235,6 +262,8 @@ def main():
         results.append(r)
         share = (f" decode_tok_s={r['decode_tok_s']:.0f} bound={r['decode_bound_tok_s']:.0f}"
                  f" decode_share={100 * r['decode_share']:.0f}%" if peaks else "")
+        if "floor_tok_s" in r:
+            share += f" floor_tok_s={r['floor_tok_s']:.0f} floor_ratio={r['floor_ratio']:.2f}"
         print(f"row={name} params={r['params_m']:.0f}M batch={r['batch']} prompt={r['prompt']}"
               f" new={r['new']} top_k={r['top_k']} top_p={r['top_p']}"
               f" ours_tok_s={r['ours_tok_s']:.0f} hf_tok_s={r['hf_tok_s']:.0f}"
