@@ -17,25 +17,17 @@ is the same slice inside the model's decode step.
 
 from __future__ import annotations
 
-import time
-
 import jax
 import jax.numpy as jnp
+from decode_profile import best  # benchmarks/: best of n after a warm-up call
 from jax import lax
 
 ROWS = {"small_20m": (32, 192, 2, 3, 64), "smollm2_135m": (16, 192, 3, 3, 64)}
 
 
 def best_ms(f, *args, calls: int = 300, repeats: int = 5) -> float:
-    jax.block_until_ready(f(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            out = f(*args)
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / calls)
-    return 1e3 * min(times)
+    """ms per call of `f(*args)`: best of `repeats` batches of `calls` calls."""
+    return 1e3 * best(lambda: [f(*args) for _ in range(calls)][-1], repeats) / calls
 
 
 def all_slots(q, keys, values, bias):

@@ -122,14 +122,19 @@ def _time(fn) -> float:
 def decode_bound(cfg, batch: int, context: float, flops_s: float, bytes_s: float) -> float:
     """Decode tokens/s upper bound: per step 2 x (non-embedding params + LM head) x batch
     FLOPs + attention, and every weight and cached K/V byte read once."""
-    item = np.dtype(cfg.dtype if cfg.dtype != "bfloat16" else np.float16).itemsize
     dense = cfg.num_params() - cfg.vocab_size * cfg.hidden_size * (
         1 if cfg.tie_word_embeddings else 2) + cfg.vocab_size * cfg.hidden_size
     attn = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * context
     flops = batch * (2 * dense + attn)
-    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * context * batch
-    step = max(flops / flops_s, (cfg.num_params() + kv) * item / bytes_s)
+    weight_bytes = cfg.num_params() * jnp.dtype(cfg.dtype).itemsize
+    step = max(flops / flops_s, (weight_bytes + kv_cache_bytes(cfg, batch, context)) / bytes_s)
     return batch / step
+
+
+def kv_cache_bytes(cfg, batch: int, context: float) -> float:
+    """Bytes of cached K and V that `batch` rows of `context` tokens hold (compute dtype)."""
+    return (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * context * batch
+            * jnp.dtype(cfg.dtype).itemsize)
 
 
 def run_row(name, spec, args, peaks) -> dict:
@@ -218,9 +223,8 @@ def floor_seconds(cfg, state, sc, batch, bucket, context, bytes_s, repeats) -> f
     logits = jax.random.normal(jax.random.key(0), (batch, cfg.vocab_size))
     draw = jax.jit(lambda k, lg: sampling.sample(k, lg, sc)[0])
     t_sample = best(lambda: draw(jax.random.key(1), logits), repeats)
-    kv_bytes = (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * context
-                * batch * np.dtype(jnp.dtype(dt)).itemsize)
-    return t_prefill + sc.max_new_tokens * (t_mm + kv_bytes / bytes_s + t_sample)
+    kv_s = kv_cache_bytes(cfg, batch, context) / bytes_s
+    return t_prefill + sc.max_new_tokens * (t_mm + kv_s + t_sample)
 
 
 def main():

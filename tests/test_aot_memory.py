@@ -320,7 +320,6 @@ def test_scanned_and_unrolled_estimates_each_fail_the_others_figures():
     assert ratio(three_s["h200_1b"].programs["score"], XLA_GIB["h200_1b"][-1]["score"]) > 1.2
 
 
-
 def test_the_chunked_prefill_fits_v5e64_on_the_issues_mesh():
     """With the prompt prefilled in chunks that attend to the filled slots only, general.py's
     scanned one-program epoch fits TPU v5e-64's 90% headroom on (4, 16, 1) by XLA's count

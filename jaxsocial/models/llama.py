@@ -326,18 +326,14 @@ class KVCache:
         slots = self.mask.shape[1]
         if max_len < slots:
             raise ValueError(f"cannot grow a cache of {slots} slots to {max_len}")
-        stacked = not isinstance(self.k, tuple)  # [L, B, S, K, D] vs L x [B, S, K, D]
 
-        def pad(x, axis):
+        def pad_slots(x):  # axis 1 (after the rows) holds the slots of k, v and mask; not lengths
             widths = [(0, 0)] * x.ndim
-            widths[axis] = (0, max_len - slots)
+            if x.ndim > 1:
+                widths[1] = (0, max_len - slots)
             return jnp.pad(x, widths)
 
-        def pad_kv(kv):
-            return pad(kv, 2) if stacked else tuple(pad(x, 1) for x in kv)
-
-        return KVCache(k=pad_kv(self.k), v=pad_kv(self.v), mask=pad(self.mask, 1),
-                       index=self.index, lengths=self.lengths)
+        return self.map_rows(pad_slots)
 
 
 def init_cache(config: LlamaConfig, batch: int, max_len: int, dtype: Any = None) -> KVCache:
