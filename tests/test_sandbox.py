@@ -5,13 +5,16 @@ cannot take the shared machine down, and checks afterwards that no process of a 
 left and no file appeared outside the sandbox.
 """
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+import warnings
 
 import pytest
 
@@ -69,6 +72,8 @@ def test_bad_arguments():
         sandbox.run("pass", memory_mb=1)
     with pytest.raises(TypeError, match="code"):
         sandbox.run(None)
+    with pytest.raises(ValueError, match="max_program_bytes"):
+        sandbox.run("pass", max_program_bytes=0)
 
 
 def test_children_die_with_the_program():
@@ -341,6 +346,12 @@ def test_view_plan_binds_read_only_and_hides(tmp_path):
     for d_ in ("/tmp", "/dev/shm"):
         assert ("mount", b"tmpfs", "/new" + d_, b"tmpfs", si.MS_NOSUID | si.MS_NODEV,
                 b"size=2048k,mode=1777") in ops
+    # Room for the program on /tmp, where it is written; /dev/shm keeps the program's share.
+    ops = si.view_plan(view, tmpfs_kb=2048, new="/new", program_kb=100)
+    assert ("mount", b"tmpfs", "/new/tmp", b"tmpfs", si.MS_NOSUID | si.MS_NODEV,
+            b"size=2148k,mode=1777") in ops
+    assert ("mount", b"tmpfs", "/new/dev/shm", b"tmpfs", si.MS_NOSUID | si.MS_NODEV,
+            b"size=2048k,mode=1777") in ops
     with pytest.raises(si.Failed, match="unknown view entry"):
         si.view_plan([("copy", "/x")], tmpfs_kb=1)
 
@@ -352,3 +363,165 @@ def test_init_source_is_the_module():
         assert sandbox._INIT_SOURCE == fh.read()
     assert "jaxsocial" not in "".join(line for line in sandbox._INIT_SOURCE.splitlines()
                                       if line.startswith(("import", "from")))
+
+
+def test_init_command_line_reveals_nothing_of_the_host(monkeypatch):
+    """What the program can read of its init (PID 1, its parent) holds no host pid, run uid,
+    cgroup path or the caller's interpreter / virtualenv / checkout path."""
+    if not sandbox.capabilities()["namespaces"]:
+        pytest.skip("no PID namespace: the program sees the host's /proc")
+    cfgs = []
+    real_input = sandbox._init_input
+    monkeypatch.setattr(sandbox, "_init_input", lambda cfg, data: (cfgs.append(cfg),
+                                                                   real_input(cfg, data))[1])
+    code = ("import json, os\n"
+            "out = {}\n"
+            "for p in ['/proc/1/cmdline', '/proc/1/environ', '/proc/1/cgroup',\n"
+            "          f'/proc/{os.getppid()}/cmdline', f'/proc/{os.getppid()}/environ',\n"
+            "          '/proc/self/cgroup']:\n"
+            "    try:\n"
+            "        out[p] = open(p, 'rb').read().decode('latin1')\n"
+            "    except OSError as e:\n"
+            "        out[p] = type(e).__name__\n"
+            "print(json.dumps(out))\n")
+    r = sandbox.run(code, **LIMITS)
+    assert r.status == "passed", r.stderr
+    seen = json.loads(r.stdout)
+    assert "-I" in seen["/proc/1/cmdline"]  # it was read: the init's command line
+    (cfg,) = cfgs
+    # Negative control: the configuration the host built holds each of these.
+    built = json.dumps(cfg)
+    markers = [str(cfg["uid"]), '"host_pid"', "status_fd"]
+    # The run's cgroups, by name (as /proc/*/cgroup would show them; none without cgroups).
+    markers += [os.path.basename(os.path.dirname(p)) for p in cfg["cgroup_procs"]]
+    assert all(m in built for m in markers) and str(os.getpid()) in built
+    # Host paths of this process: its interpreter and virtualenv (unless the program's view
+    # binds them, as it does the interpreter it runs with), the checkout.
+    shown = [op[1] for op in sandbox.capabilities()["view"] or []] + [cfg["python"]]
+    host = [sys.executable, sys.prefix,
+            os.path.dirname(os.path.dirname(os.path.abspath(sandbox.__file__)))]
+    markers += [p for p in host if p != "/" and not any(v.startswith(p) for v in shown)]
+    text = "\n".join(seen.values())
+    assert [m for m in markers if m in text] == []
+    # The host pid, as a number of its own (v1 cgroup lines start with small ids; the
+    # interpreter's path has digits of its own).
+    for p in ("/proc/1/cmdline", "/proc/1/environ"):
+        assert not re.search(rf"(?<!\d){os.getpid()}(?!\d)", seen[p].replace(cfg["python"], ""))
+    # With a cgroup namespace the program's cgroups are its root, not host paths.
+    cgroups = [ln.split(":", 2)[2] for ln in seen["/proc/self/cgroup"].splitlines()]
+    assert set(cgroups) == {"/"}, seen["/proc/self/cgroup"]
+
+
+def _dead_pid():
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_leftover_cgroups_are_those_of_dead_hosts(tmp_path):
+    """The selection, on a tree shaped like the cgroup filesystem (no privileges needed)."""
+    live, dead, old = os.getpid(), 4_000_001, time.time() - 3600
+    for layout in ({"memory": str(tmp_path / "memory"), "pids": str(tmp_path / "pids")},
+                   {"v2": str(tmp_path / "v2")}):
+        made = {}
+        for root in layout.values():
+            for key, name, procs, age in (
+                    ("dead", f"jaxsocial-sandbox-{dead}-1783627777", "", old),
+                    ("legacy", "jaxsocial-sandbox-1783627778", "", old),
+                    ("live", f"jaxsocial-sandbox-{live}-1783627779", "", old),
+                    ("busy", f"jaxsocial-sandbox-{dead}-1783627780", "1234\n", old),
+                    ("young", f"jaxsocial-sandbox-{dead}-1783627781", "", time.time()),
+                    ("other", "jaxsocial-sandbox-escape-1", "", old),
+                    ("unrelated", "user.slice", "", old)):
+                d = os.path.join(root, name)
+                os.makedirs(d)
+                with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                    f.write(procs)
+                os.utime(d, (age, age))
+                made.setdefault(key, []).append(d)
+        got = sandbox._leftover_cgroups(layout, pid_alive=lambda pid: pid == live)
+        assert sorted(got) == sorted(made["dead"] + made["legacy"])
+        # Every owner alive: only the legacy (ownerless) ones.
+        got = sandbox._leftover_cgroups(layout, pid_alive=lambda pid: True)
+        assert sorted(got) == sorted(made["legacy"])
+    assert sandbox._pid_alive(os.getpid()) and not sandbox._pid_alive(10 ** 20)
+
+
+def test_leftover_cgroups_are_removed_at_start_up(monkeypatch):
+    """Real cgroups: a dead host's empty ones go at the first capabilities(); a live host's,
+    or one still holding a process, stay."""
+    roots = sandbox.capabilities()["cgroup"]
+    if not roots:
+        pytest.skip("no writable cgroup here")
+    uid = sandbox._UID_BASE + sandbox._UID_SPAN - 1  # never allocated to a run of this test
+    dead = _dead_pid()
+    if sandbox._pid_alive(dead):
+        pytest.skip("the dead pid was reused")
+    names = {"dead": f"jaxsocial-sandbox-{dead}-{uid}", "live": f"jaxsocial-sandbox-"
+             f"{os.getpid()}-{uid}", "busy": f"jaxsocial-sandbox-{dead}-{uid - 1}"}
+    dirs = {k: [os.path.join(r, n) for r in dict.fromkeys(roots.values())]
+            for k, n in names.items()}
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        old = time.time() - 3600
+        for d in sum(dirs.values(), []):
+            os.mkdir(d)
+            os.utime(d, (old, old))
+        for d in dirs["busy"]:
+            with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                f.write(str(sleeper.pid))
+        # A fresh start-up, without the (slower) namespace and view probes.
+        monkeypatch.setattr(sandbox, "_caps", None)
+        monkeypatch.setattr(sandbox, "_warned", set())
+        monkeypatch.setattr(sandbox, "_probe_namespaces", lambda: False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sandbox.capabilities()
+        assert [d for d in dirs["dead"] if os.path.exists(d)] == []
+        assert all(os.path.isdir(d) for d in dirs["live"] + dirs["busy"])
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        sandbox._remove_cgroups(sum(dirs.values(), []))
+
+
+def test_program_size_limit():
+    r = sandbox.run("#" * 1001, max_program_bytes=1000, result_channel=True, **LIMITS)
+    assert (r.status, r.returncode, r.stdout, r.channel) == ("failed", None, "", b"")
+    assert r.reason == ("the program is 1001 bytes, over the limit of 1000 bytes "
+                        "(max_program_bytes); not run")
+    # Just under the limit, and larger than the room the program may use for files (2 *
+    # max_file_mb): its tmpfs is sized to hold it.
+    code = "print('ran')\n#" + "#" * (3 << 20)
+    r = sandbox.run(code, max_file_mb=1, max_program_bytes=len(code), **LIMITS)
+    assert (r.status, r.stdout) == ("passed", "ran\n"), (r.reason, r.stderr[-500:])
+
+
+def test_no_space_for_the_program_is_reported(monkeypatch):
+    if not sandbox.capabilities()["namespaces"]:
+        pytest.skip("no namespaces: the program is written to a host directory, not a tmpfs")
+    monkeypatch.setattr(sandbox, "_program_kb", lambda nbytes: 0)  # no room made for it
+    code = "#" * (3 << 20)
+    r = sandbox.run(code, max_file_mb=1, **LIMITS)
+    assert (r.status, r.reason) == (
+        "crashed", f"sandbox setup failed: no space for the program ({3 << 20} bytes)")
+
+
+def test_init_dying_without_a_status_is_reported(monkeypatch):
+    caps = sandbox.capabilities()  # probed before _init_input is broken below
+    real_input = sandbox._init_input
+    # A configuration line the init cannot parse: it dies before any status line.
+    monkeypatch.setattr(sandbox, "_init_input", lambda cfg, data: b"%d\n%s{\n" % (
+        len(sandbox._INIT_SOURCE.encode()), sandbox._INIT_SOURCE.encode()))
+    r = sandbox.run("print('ran')", **LIMITS)
+    assert (r.status, r.stdout) == ("crashed", "")
+    assert r.reason == "sandbox exited without a status: the init exited with code 1, see stderr"
+    assert "JSONDecodeError" in r.stderr and 'File "sandbox_init.py"' in r.stderr
+    # PID 1 failing (a malformed view entry): stage 1, the host's child, exits as it did.
+    if caps["view"] is None:
+        pytest.skip("no filesystem view: the init has no view entry to fail on")
+    monkeypatch.setattr(sandbox, "_init_input",
+                        lambda cfg, data: real_input(dict(cfg, view=[["bind"]]), data))
+    r = sandbox.run("print('ran')", **LIMITS)
+    assert r.reason == "sandbox exited without a status: the init exited with code 1, see stderr"
+    assert "IndexError" in r.stderr

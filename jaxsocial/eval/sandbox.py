@@ -22,6 +22,15 @@ Each program gets, where the OS allows it:
   cgroup (v1 or v2) bounding the memory and process count of the whole tree, where writable.
 - an environment with none of the caller's variables; stdin ``/dev/null``; stdout/stderr capped.
 - a wall-clock timeout after which the whole tree is SIGKILLed (SIGTERM handlers do not help).
+- an init whose command line (``/proc/1/cmdline``, readable inside) is the interpreter and a
+  fixed bootstrap: its configuration comes on stdin; and a cgroup namespace, so ``/proc/*/cgroup``
+  shows "/" rather than host paths.
+- a size limit (``max_program_bytes``): a longer program is not started ("failed", with both
+  sizes in ``reason``); the tmpfs it is written to is sized to hold it.
+
+Run cgroups are named ``jaxsocial-sandbox-<host pid>-<uid>``; the first ``capabilities()`` of a
+process removes those whose host died without removing them (SIGKILL, OOM): empty, at least a
+minute old, owner pid gone (or no owner recorded, the earlier naming).
 
 After every run the host checks that no process of the run's uid is left (and SIGKILLs any it
 finds, reporting it in ``SandboxResult.leaked``). Primitives that are unavailable (not root, no
@@ -69,18 +78,24 @@ _CLONE_NEWNET = 0x40000000
 _NS_FLAGS = _CLONE_NEWNS | _CLONE_NEWUTS | _CLONE_NEWIPC | _CLONE_NEWPID | _CLONE_NEWNET
 
 # The child's init (`sandbox_init.py`, a real module so it is linted and unit-tested) runs as
-# `python -I -S -c <its source> CFG_JSON`: from its text, so nothing of jaxsocial is imported
-# inside the sandbox.
+# `PYTHON -I -S -c _BOOTSTRAP` from its text, so nothing of jaxsocial is imported inside the
+# sandbox. PYTHON is the interpreter the program runs with (its path is in the program's view
+# anyway); the source, the configuration and the program come on stdin (`_init_input`), so
+# that /proc/1/cmdline, which the program can read, shows nothing of the host.
 with open(sandbox_init.__file__, encoding="utf-8") as _f:
     _INIT_SOURCE = _f.read()
+_BOOTSTRAP = ("import sys; s = sys.stdin.buffer; "
+              "exec(compile(s.read(int(s.readline())), 'sandbox_init.py', 'exec'), "
+              "{'__name__': '__main__'})")
 
 
 @dataclasses.dataclass(frozen=True)
 class SandboxResult:
     """Outcome of one program.
 
-    status: "passed" (exit 0), "failed" (non-zero exit, or output over the cap), "timeout"
-    (wall-clock or CPU limit), "crashed" (killed by a signal, or the sandbox could not start it).
+    status: "passed" (exit 0), "failed" (non-zero exit, output over the cap, or a program over
+    `max_program_bytes`, which is not run), "timeout" (wall-clock or CPU limit), "crashed"
+    (killed by a signal, or the sandbox could not start it). `reason` says which, in words.
     """
 
     status: str
@@ -298,6 +313,8 @@ def capabilities() -> dict:
                 "python": _default_python(),
                 "view": None,
             }
+            if caps["cgroup"]:  # before any run of ours: what killed hosts left
+                _remove_leftover_cgroups(caps["cgroup"])
             if caps["namespaces"]:
                 caps["view"] = _probe_view(caps)
             else:
@@ -360,22 +377,89 @@ def _allocate_uid() -> int:
             return uid
 
 
+# A run's cgroup is `<root>/jaxsocial-sandbox-<host pid>-<uid>`: the host pid says whose it is,
+# so that the next process to start can remove those a killed host (SIGKILL, OOM) left behind.
+_CGROUP_PREFIX = "jaxsocial-sandbox-"
+# Only cgroups at least this old are removed: a live run's cgroup is empty only for the moment
+# between its creation and its init joining it, or after its end before the host removes it.
+_LEFTOVER_MIN_AGE_S = 60.0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # OverflowError: no pid that large
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _cgroup_empty(path: str) -> bool:
+    try:
+        with open(os.path.join(path, "cgroup.procs")) as f:
+            return not f.read().strip()
+    except OSError:
+        return False
+
+
+def _leftover_cgroups(roots: dict, min_age_s: float = _LEFTOVER_MIN_AGE_S,
+                      pid_alive=_pid_alive) -> list[str]:
+    """The run cgroups under `roots` (see `_cgroup_roots`) that no live host owns: named
+    `jaxsocial-sandbox-<pid>-<uid>` with `pid` dead, or `jaxsocial-sandbox-<uid>` (the earlier
+    naming, no owner recorded), holding no process, and at least `min_age_s` old."""
+    now = time.time()
+    found = []
+    for root in dict.fromkeys(roots.values()):
+        try:
+            names = sorted(os.listdir(root))
+        except OSError:
+            continue
+        for name in names:
+            parts = name[len(_CGROUP_PREFIX):].split("-")
+            if not name.startswith(_CGROUP_PREFIX) or len(parts) not in (1, 2) \
+                    or not all(p.isdigit() for p in parts):
+                continue
+            path = os.path.join(root, name)
+            try:
+                age = now - os.stat(path).st_mtime  # cgroupfs: the creation time
+            except OSError:
+                continue
+            if age >= min_age_s and not (len(parts) == 2 and pid_alive(int(parts[0]))) \
+                    and _cgroup_empty(path):
+                found.append(path)
+    return found
+
+
+def _remove_leftover_cgroups(roots: dict, min_age_s: float = _LEFTOVER_MIN_AGE_S) -> list[str]:
+    """rmdir `_leftover_cgroups` (the kernel refuses a cgroup that holds a process); -> removed."""
+    removed = []
+    for path in _leftover_cgroups(roots, min_age_s):
+        try:
+            os.rmdir(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
 def _make_cgroup(roots: dict, uid: int, memory_mb: int, max_processes: int) -> list[str]:
     dirs = []
+    name = f"{_CGROUP_PREFIX}{os.getpid()}-{uid}"
     try:
         if "v2" in roots:
-            d = os.path.join(roots["v2"], f"jaxsocial-sandbox-{uid}")
+            d = os.path.join(roots["v2"], name)
             os.mkdir(d)
             dirs.append(d)
             _write(os.path.join(d, "memory.max"), str(memory_mb << 20))
             _write(os.path.join(d, "memory.swap.max"), "0", optional=True)
             _write(os.path.join(d, "pids.max"), str(max_processes))
         else:
-            d = os.path.join(roots["memory"], f"jaxsocial-sandbox-{uid}")
+            d = os.path.join(roots["memory"], name)
             os.mkdir(d)
             dirs.append(d)
             _write(os.path.join(d, "memory.limit_in_bytes"), str(memory_mb << 20))
-            d = os.path.join(roots["pids"], f"jaxsocial-sandbox-{uid}")
+            d = os.path.join(roots["pids"], name)
             os.mkdir(d)
             dirs.append(d)
             _write(os.path.join(d, "pids.max"), str(max_processes))
@@ -407,21 +491,23 @@ def _remove_cgroups(dirs: Iterable[str]) -> None:
                 time.sleep(0.01)
 
 
-def _check_args(code, timeout_s, memory_mb, max_processes, max_file_mb, max_output_bytes):
+def _check_args(code, timeout_s, memory_mb, max_processes, max_file_mb, max_output_bytes,
+                max_program_bytes):
     if not isinstance(code, (str, bytes)):
         raise TypeError(f"code must be str or bytes, got {type(code).__name__}")
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
     for name, v, lo in (("memory_mb", memory_mb, 32), ("max_processes", max_processes, 1),
-                        ("max_file_mb", max_file_mb, 1), ("max_output_bytes", max_output_bytes, 1)):
+                        ("max_file_mb", max_file_mb, 1), ("max_output_bytes", max_output_bytes, 1),
+                        ("max_program_bytes", max_program_bytes, 1)):
         if not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
 
 
 def run(code: str | bytes, timeout_s: float = 10.0, memory_mb: int = 1024, *,
         max_processes: int = 32, max_file_mb: int = 16, max_open_files: int = 64,
-        max_output_bytes: int = 1 << 20, python: str | None = None,
-        result_channel: bool = False) -> SandboxResult:
+        max_output_bytes: int = 1 << 20, max_program_bytes: int = 1 << 24,
+        python: str | None = None, result_channel: bool = False) -> SandboxResult:
     """Run Python source `code` as ``python -I program.py`` in a fresh sandbox.
 
     timeout_s: wall-clock seconds for the program (setup excluded); RLIMIT_CPU = ceil + 1.
@@ -429,15 +515,25 @@ def run(code: str | bytes, timeout_s: float = 10.0, memory_mb: int = 1024, *,
     max_processes: RLIMIT_NPROC (and cgroup pids.max). max_file_mb: RLIMIT_FSIZE and tmpfs size.
     max_output_bytes: cap on each of stdout/stderr (and the result channel); a program
     exceeding it is killed and reported "failed" with ``truncated=True``.
+    max_program_bytes: the largest program (UTF-8 bytes) run; a longer one is not started and
+    comes back "failed", its reason giving both sizes. The program's tmpfs has room for it on
+    top of the ``2 * max_file_mb`` the program may write.
     result_channel: the program finds the write end of a pipe on fd 3; what it writes there
     comes back as ``SandboxResult.channel``, apart from stdout. It is as much the program's as
     stdout is: a caller scoring the program must check its content, not trust it.
     """
-    _check_args(code, timeout_s, memory_mb, max_processes, max_file_mb, max_output_bytes)
+    _check_args(code, timeout_s, memory_mb, max_processes, max_file_mb, max_output_bytes,
+                 max_program_bytes)
+    data = code.encode("utf-8") if isinstance(code, str) else code
+    if len(data) > max_program_bytes:
+        return SandboxResult("failed", "", "", None,
+                             f"the program is {len(data)} bytes, over the limit of "
+                             f"{max_program_bytes} bytes (max_program_bytes); not run", 0.0,
+                             channel=b"" if result_channel else None)
     caps = capabilities()
     if python and python != caps["python"] and caps["view"] is not None:
         caps = dict(caps, view=_other_view(python))
-    return _run(caps, code, timeout_s, memory_mb, max_processes, max_file_mb, max_open_files,
+    return _run(caps, data, timeout_s, memory_mb, max_processes, max_file_mb, max_open_files,
                 max_output_bytes, python or caps["python"], result_channel)
 
 
@@ -457,7 +553,7 @@ def _other_view(python: str) -> list | None:
 
 def _run(caps, code, timeout_s, memory_mb, max_processes, max_file_mb, max_open_files,
          max_output_bytes, python, result_channel) -> SandboxResult:
-    data = code.encode("utf-8") if isinstance(code, str) else code
+    data = code.encode("utf-8") if isinstance(code, str) else code  # _probe_view passes str
     uid = _allocate_uid() if caps["drop_uid"] else os.getuid()
     gid = uid if caps["drop_uid"] else os.getgid()
     cgroups = _make_cgroup(caps["cgroup"], uid, memory_mb, max_processes) if caps["cgroup"] else []
@@ -476,7 +572,8 @@ def _run(caps, code, timeout_s, memory_mb, max_processes, max_file_mb, max_open_
         "status_fd": status_w, "host_pid": os.getpid(), "uid": uid, "gid": gid,
         "drop_uid": caps["drop_uid"], "namespaces": caps["namespaces"], "ns_flags": _NS_FLAGS,
         "cgroup_procs": [os.path.join(d, "cgroup.procs") for d in cgroups],
-        "tmpfs_kb": (max_file_mb << 10) * 2, "workdir": workdir, "rlimits": rlimits,
+        "tmpfs_kb": (max_file_mb << 10) * 2, "program_kb": _program_kb(len(data)),
+        "workdir": workdir, "rlimits": rlimits,
         "python": python, "view": caps["view"] if caps["namespaces"] else None,
         "pivot_root_nr": _PIVOT_ROOT_NR.get(os.uname().machine), "channel_fd": chan_w,
         "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
@@ -485,7 +582,7 @@ def _run(caps, code, timeout_s, memory_mb, max_processes, max_file_mb, max_open_
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _INIT_SOURCE, json.dumps(cfg)],
+            [python, "-I", "-S", "-c", _BOOTSTRAP],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             pass_fds=(status_w,) + ((chan_w,) if result_channel else ()), env={},
             start_new_session=True, close_fds=True)
@@ -494,7 +591,8 @@ def _run(caps, code, timeout_s, memory_mb, max_processes, max_file_mb, max_open_
         if chan_w is not None:
             os.close(chan_w)
     try:
-        result = _supervise(proc, data, status_r, chan_r, timeout_s, max_output_bytes, t0)
+        result = _supervise(proc, _init_input(cfg, data), status_r, chan_r, timeout_s,
+                            max_output_bytes, t0)
     finally:
         os.close(status_r)
         if chan_r is not None:
@@ -510,6 +608,22 @@ def _run(caps, code, timeout_s, memory_mb, max_processes, max_file_mb, max_open_
     if leaked:
         result = dataclasses.replace(result, leaked=leaked)
     return result
+
+
+def _program_kb(nbytes: int) -> int:
+    """tmpfs room (KiB) for a program of `nbytes`: whole 4 KiB pages, and a margin."""
+    return -(-nbytes // 4096) * 4 + 64
+
+
+def _init_input(cfg: dict, data: bytes) -> bytes:
+    """The init's stdin: its source (length-prefixed, read by `_BOOTSTRAP`), the configuration
+    as one JSON line, then the program."""
+    src = _INIT_SOURCE.encode("utf-8")
+    return b"%d\n" % len(src) + src + json.dumps(cfg).encode() + b"\n" + data
+
+
+def _signame(sig: int) -> str:
+    return signal.Signals(sig).name if sig in signal.valid_signals() else f"signal {sig}"
 
 
 def _killpg(proc: subprocess.Popen) -> None:
@@ -599,13 +713,21 @@ def _supervise(proc, data, status_r, chan_r, timeout_s, cap, t0) -> SandboxResul
         return res("passed" if rc == 0 else "failed", rc, f"exit status {rc}")
     if final.startswith("signal "):
         sig = int(final.split()[1])
-        name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
+        name = _signame(sig)
         if sig == signal.SIGXCPU:
             return res("timeout", -sig, "CPU time limit (SIGXCPU)")
         return res("crashed", -sig, f"killed by {name}")
     if final.startswith("error "):
         return res("crashed", None, "sandbox setup failed: " + final[6:])
-    return res("crashed", None, f"sandbox exited without a status (code {proc.returncode})")
+    try:  # every stream is closed: the init is gone or going
+        code = proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        code = None
+    # Stage 1 exits as PID 1 did, a signal N as 128 + N.
+    sig = -code if code is not None and code < 0 else code - 128 if code and code > 128 else 0
+    how = ("" if code is None else f": the init was killed by {_signame(sig)}" if sig
+           else f": the init exited with code {code}, see stderr")
+    return res("crashed", None, "sandbox exited without a status" + how)
 
 
 def run_many(codes: Sequence[str | bytes], *, max_workers: int | None = None,

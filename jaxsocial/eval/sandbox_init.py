@@ -1,5 +1,10 @@
 """The sandbox's init: the child program `sandbox.run` starts, as
-``python -I -S -c <this file's source> CFG_JSON`` with the untrusted code on stdin.
+``PYTHON -I -S -c BOOTSTRAP`` (PYTHON: the interpreter the program runs with, whose path the
+program sees anyway; BOOTSTRAP: `sandbox._BOOTSTRAP`, which compiles this file's source from
+stdin). Its stdin carries, in order: the length of this source and the source, the
+configuration as one JSON line, then the untrusted code. So nothing of the host (its pid, the
+run's uid and cgroups, the caller's interpreter or checkout) is on the command line, which the
+program could read in /proc/1/cmdline.
 
 Stage 1 joins the cgroup, unshares the namespaces and forks stage 2 (PID 1 of the new PID
 namespace), which mounts /proc and the tmpfs (or builds the whole filesystem view and pivots
@@ -12,6 +17,7 @@ Standard library only, and nothing imported from jaxsocial: it runs isolated (-I
 source text. `view_plan` (the filesystem view as a list of operations) is pure and unit-tested.
 """
 import ctypes
+import errno
 import json
 import os
 import resource
@@ -22,6 +28,7 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 MNT_DETACH = 2
+CLONE_NEWCGROUP = 0x02000000
 ROOT = "/tmp"  # the new root's mount point (this namespace's /tmp) while the view is built
 WORKDIR = "/tmp/sandbox"
 
@@ -30,7 +37,7 @@ class Failed(Exception):
     """A set-up step failed; the message goes to the host as "error MSG"."""
 
 
-def view_plan(view, tmpfs_kb: int, new: str = ROOT) -> list:
+def view_plan(view, tmpfs_kb: int, new: str = ROOT, program_kb: int = 0) -> list:
     """The operations that build the sandbox's filesystem under `new`, in order.
 
     view: ("bind", path) read-only bind of a host file or directory, ("dev", path) the same for
@@ -38,10 +45,10 @@ def view_plan(view, tmpfs_kb: int, new: str = ROOT) -> list:
     ("hide", path) an empty read-only tmpfs over a path. Returns tuples ("mkdir", path),
     ("touch", path), ("symlink", target, path) and ("mount", src, dst, fstype, flags, data) with
     bytes src / fstype / data. A new root on a small tmpfs holds only these, private tmpfs for
-    /tmp and /dev/shm, a fresh /proc and the /dev/fd links; the root is then remounted
-    read-only. Raises Failed for an unknown entry.
+    /tmp (`tmpfs_kb` + `program_kb`: the program is written there) and /dev/shm (`tmpfs_kb`),
+    a fresh /proc and the /dev/fd links; the root is then remounted read-only. Raises Failed
+    for an unknown entry.
     """
-    opts = ("size=%dk,mode=1777" % tmpfs_kb).encode()
     ops = [("mount", b"tmpfs", new, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1024k,mode=755")]
     for op in view:
         kind, path = op[0], new + op[1]
@@ -61,8 +68,8 @@ def view_plan(view, tmpfs_kb: int, new: str = ROOT) -> list:
         else:
             raise Failed("unknown view entry %r" % (op,))
     ops += [("mkdir", new + d) for d in ("/tmp", "/dev/shm", "/proc")]
-    ops += [("mount", b"tmpfs", new + d, b"tmpfs", MS_NOSUID | MS_NODEV, opts)
-            for d in ("/tmp", "/dev/shm")]
+    ops += [("mount", b"tmpfs", new + d, b"tmpfs", MS_NOSUID | MS_NODEV, tmpfs_opts(kb))
+            for d, kb in (("/tmp", tmpfs_kb + program_kb), ("/dev/shm", tmpfs_kb))]
     ops.append(("mount", b"proc", new + "/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
                 None))
     ops += [("symlink", target, new + "/dev/" + name)
@@ -70,6 +77,10 @@ def view_plan(view, tmpfs_kb: int, new: str = ROOT) -> list:
                                  ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"))]
     ops.append(("mount", None, new, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None))
     return ops
+
+
+def tmpfs_opts(kb: int) -> bytes:
+    return ("size=%dk,mode=1777" % kb).encode()
 
 
 class Init:
@@ -103,20 +114,28 @@ class Init:
         """Join the cgroups, unshare, fork PID 1; stage 1 itself waits for it and exits."""
         cfg = self.cfg
         for procs in cfg["cgroup_procs"]:
-            with open(procs, "w") as f:
-                f.write(str(os.getpid()))
-        if cfg["namespaces"] and self.libc.unshare(cfg["ns_flags"]) != 0:
-            raise Failed("unshare failed: errno %d" % ctypes.get_errno())
+            try:
+                with open(procs, "w") as f:
+                    f.write(str(os.getpid()))
+            except OSError as e:
+                raise Failed("joining the cgroup %s failed: %s" % (os.path.dirname(procs), e))
+        if cfg["namespaces"]:
+            if self.libc.unshare(cfg["ns_flags"]) != 0:
+                raise Failed("unshare failed: errno %d" % ctypes.get_errno())
+            # A cgroup namespace rooted at the run's cgroup, so that /proc/*/cgroup inside shows
+            # "/" rather than the host's cgroup paths. Kernels before 4.6 lack it (EINVAL):
+            # those paths then stay readable, nothing else changes.
+            self.libc.unshare(CLONE_NEWCGROUP)
         stage1 = os.getpid()
         init = os.fork()
         if init:
             if cfg["channel_fd"] is not None:
                 os.close(cfg["channel_fd"])
-            try:
-                os.waitpid(init, 0)
+            try:  # pass on how PID 1 ended (the host reports it when no status line came)
+                st = os.waitpid(init, 0)[1]
             except ChildProcessError:
-                pass
-            os._exit(0)
+                st = 0
+            os._exit(os.WEXITSTATUS(st) if os.WIFEXITED(st) else 128 + os.WTERMSIG(st))
         # The parent of PID 1 lives outside the new PID namespace, where getppid() reads 0.
         self.die_with_parent(0 if cfg["namespaces"] else stage1)
 
@@ -129,13 +148,13 @@ class Init:
         if self.libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
             raise Failed("making / private failed: errno %d" % ctypes.get_errno())
         if cfg["view"] is None:
-            opts = ("size=%dk,mode=1777" % cfg["tmpfs_kb"]).encode()
             self.mount(b"proc", "/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
             for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
                 if os.path.isdir(d) and not os.path.islink(d):
-                    self.mount(b"tmpfs", d, b"tmpfs", MS_NOSUID | MS_NODEV, opts)
+                    kb = cfg["tmpfs_kb"] + (cfg["program_kb"] if d == "/tmp" else 0)
+                    self.mount(b"tmpfs", d, b"tmpfs", MS_NOSUID | MS_NODEV, tmpfs_opts(kb))
         else:
-            self.run_plan(view_plan(cfg["view"], cfg["tmpfs_kb"]))
+            self.run_plan(view_plan(cfg["view"], cfg["tmpfs_kb"], program_kb=cfg["program_kb"]))
             os.chdir(ROOT)
             nr = cfg["pivot_root_nr"]
             if nr is not None and self.libc.syscall(nr, b".", b".") == 0:
@@ -175,20 +194,32 @@ class Init:
         os._exit(127)
 
 
-def main(argv) -> None:
-    cfg = json.loads(argv[1])
+def write_program(path: str, code: bytes) -> None:
+    """Write the program; a full tmpfs (the host sizes it to fit) is an "error" status line."""
+    try:
+        with open(path, "wb") as f:
+            f.write(code)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise Failed("no space for the program (%d bytes)" % len(code)) from None
+        raise Failed("writing the program (%d bytes) failed: %s" % (len(code), e)) from None
+
+
+def main(stdin) -> None:
+    """`stdin`: the binary stream after the source (the bootstrap read that part)."""
+    cfg = json.loads(stdin.readline())
     status = os.fdopen(cfg["status_fd"], "w", buffering=1)
     init = Init(cfg)
     try:
         init.die_with_parent(cfg["host_pid"])
-        code = sys.stdin.buffer.read()
+        code = stdin.read()
         init.stage1()
         workdir = init.filesystem()
         if cfg["drop_uid"]:
             os.chown(workdir, cfg["uid"], cfg["gid"])
         prog = os.path.join(workdir, "program.py")
-        with open(prog, "wb") as f:
-            f.write(code)
+        write_program(prog, code)
+        del code  # PID 1 lives as long as the program: do not keep a copy
         if cfg["drop_uid"]:
             os.chown(prog, cfg["uid"], cfg["gid"])
         status.write("started\n")
@@ -218,4 +249,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    main(sys.stdin.buffer)
