@@ -11,9 +11,11 @@ Hugging Face directory (export/, tokenizer included) with the initial policy bes
 (initial/, launch/eval.py's default baseline). Re-running with the same workdir resumes from
 its newest good checkpoint (the resumed run produces the same metrics as an uninterrupted
 one) if the config matches the stored config.json; `--config.train.allow_config_change=True`
-accepts changed train.* keys (more epochs, ...); `--noresume` starts over. SIGTERM exits 0:
-during the epoch loop after saving a checkpoint at the end of the current epoch, before it at
-once.
+accepts changed train.* keys (more epochs, ...); `--noresume` starts over. SIGTERM and SIGINT
+(Ctrl-C) exit 0: during the epoch loop after saving a checkpoint at the end of the current
+epoch, before it at once. One run per workdir: a second run on a live workdir is refused in one
+line naming the holder's pid and host (`workdir/run.lock`). export/ and initial/ appear whole
+or not at all; rerunning a finished run rewrites either one if it is missing or incomplete.
 
 The console shows a progress bar with each epoch's headline metrics, warnings of this project
 and one-line errors; everything else (absl/orbax/XLA logs, tracebacks) goes to
@@ -25,18 +27,20 @@ import signal
 import sys
 
 
-def _exit_on_sigterm(signum, frame):  # noqa: ARG001
+def _exit_on_stop_signal(signum, frame):  # noqa: ARG001
     # Until runner.train installs its own handler nothing exists that needs saving. os._exit,
     # not sys.exit: a SystemExit raised inside a half-done import (jax, orbax) can leave
     # threads and atexit hooks that turn the exit status into 1 at shutdown.
-    sys.stderr.write("stopped by SIGTERM during start-up (nothing to save)\n")
+    sys.stderr.write(f"stopped by {signal.Signals(signum).name} during start-up "
+                     f"(nothing to save)\n")
     sys.stderr.flush()
     sys.stdout.flush()
     os._exit(0)
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, _exit_on_stop_signal)
+    signal.signal(signal.SIGINT, _exit_on_stop_signal)
 
 # The heavy imports come after the handler (ruff.toml exempts this file from E402).
 import ast
@@ -122,14 +126,17 @@ def main(argv):
     workdir = _WORKDIR.value or os.path.join("runs", config.name)
     console = sys.stderr
     log_path = None
-    from jaxsocial.train import config_check
+    from jaxsocial.train import config_check, workdir_lock
     try:  # a config that fails its check writes nothing, not even the workdir
         config_check.check(config)
-    except ValueError as e:
+        # Refused here too (runner.train takes the lock itself), so that a second run on a
+        # live workdir does not write into the first one's train.log.
+        workdir_lock.check_free(workdir)
+        workdir_lock.prepare(workdir)
+    except (ValueError, workdir_lock.WorkdirBusy) as e:
         console.write(f"error: {_one_line(e)}\n")
         sys.exit(1)
     if not _VERBOSE.value:
-        os.makedirs(workdir, exist_ok=True)
         pid = int(config.distributed.get("process_id", -1))
         log_path = os.path.join(workdir, "train.log" if pid <= 0 else f"train.{pid}.log")
         console = _log_to_file(log_path)
@@ -142,8 +149,9 @@ def main(argv):
     try:
         summary = runner.train(config, workdir, resume=_RESUME.value, progress=_PROGRESS.value,
                                progress_file=console)
-    except (ValueError, FileNotFoundError, OSError, checkpointing.CheckpointError) as e:
-        # bad config / resume refused / no good checkpoint / full disk: one line
+    except (ValueError, FileNotFoundError, OSError, checkpointing.CheckpointError,
+            workdir_lock.WorkdirBusy) as e:
+        # bad config / resume refused / no good checkpoint / full disk / busy workdir: one line
         logging.info("run failed", exc_info=True)
         console.write(f"error: {_one_line(e)}{where}\n")
         sys.exit(1)
@@ -151,15 +159,23 @@ def main(argv):
         logging.info("run failed", exc_info=True)
         console.write(f"error: {type(e).__name__}: {_one_line(e)}{where}\n")
         sys.exit(1)
-    if summary.get("stopped") == "SIGTERM" and summary["epochs"] is None:
-        console.write("stopped by SIGTERM before the first epoch (nothing to save)\n")
+    stopped = summary.get("stopped")
+    if stopped and summary["epochs"] is None:
+        console.write(f"stopped by {stopped} before the first epoch (nothing to save)\n")
         return
     if summary.get("already_finished"):
+        repaired = summary.get("repaired")
+        done = (f"rewrote the incomplete {', '.join(r + '/' for r in repaired)} from the final "
+                f"checkpoint" if repaired else "nothing to do")
         console.write(f"run already finished: {workdir} holds epoch {summary['epochs']} of "
-                      f"{config.train.epochs}, nothing to do (train further: "
+                      f"{config.train.epochs}, {done} (train further: "
                       f"--config.train.epochs=N --config.train.allow_config_change=True; "
                       f"start over: --noresume)\n")
         return
+    if stopped:
+        console.write(f"stopped by {stopped} after epoch {summary['epochs']} of "
+                      f"{config.train.epochs}: checkpointed; rerun the same command to "
+                      f"resume\n")
     from jaxsocial.train import report
     print(runner.format_summary(summary))
     print(report.console_story(summary, workdir,

@@ -290,3 +290,71 @@ def test_fresh_start_over_leftovers_starts_the_logs_over(smoke, full, tmp_path):
     c.train.epochs = 2
     runner.train(c, str(w), run=run)
     _expect_once(w, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# outputs that are all or nothing, and SIGINT
+
+
+def test_a_finished_run_writes_or_repairs_its_export_whole(smoke, full, tmp_path, monkeypatch):
+    from jaxsocial.models import checkpoint_hf
+    _, run = smoke
+    w = _copy(full[0], tmp_path / "w")
+    c = load_config()
+    c.train.export_hf = True
+    c.train.allow_config_change = True
+    first = runner.train(c, str(w), run=run)  # finished without exports: both written
+    assert first["already_finished"] and first["repaired"] == ["export", "initial"]
+    for name in ("export", "initial"):
+        assert checkpoint_hf.export_problem(str(w / name)) is None
+    initial_mtime = os.path.getmtime(w / "initial" / "model.safetensors")
+
+    # An export that lost its tokenizer (a kill -9 mid-write, or a deleted file)...
+    os.remove(w / "export" / "tokenizer.json")
+    assert checkpoint_hf.export_problem(str(w / "export")) is not None
+    # ...and a rerun killed while writing it again: the half-written copy never takes its place.
+    real_export = type(run).export_policy
+
+    def dies_mid_write(self, state, path, write=True, initial=False):
+        os.makedirs(path, exist_ok=True)
+        open(os.path.join(path, "config.json"), "w").write("{")
+        raise OSError("killed mid-write")
+    monkeypatch.setattr(type(run), "export_policy", dies_mid_write)
+    with pytest.raises(OSError, match="killed mid-write"):
+        runner.train(load_config_export(), str(w), run=run)
+    assert json.loads((w / "export" / "config.json").read_text())  # not the half-written "{"
+    monkeypatch.setattr(type(run), "export_policy", real_export)
+
+    again = runner.train(load_config_export(), str(w), run=run)
+    assert again["repaired"] == ["export"], again.get("repaired")
+    assert checkpoint_hf.export_problem(str(w / "export")) is None
+    assert os.path.getmtime(w / "initial" / "model.safetensors") == initial_mtime
+    assert not any(n.endswith((".partial", ".old")) for n in os.listdir(w))
+    # Control: a whole export is left alone.
+    assert "repaired" not in runner.train(load_config_export(), str(w), run=run)
+    assert json.loads((w / "summary.json").read_text())["already_finished"]
+
+
+def load_config_export():
+    c = load_config()
+    c.train.export_hf = True
+    return c
+
+
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
+def test_a_stop_signal_mid_run_checkpoints_the_epoch(smoke, tmp_path, monkeypatch, name):
+    import signal
+    _, run = smoke
+    real_epoch = run.run_epoch
+
+    def interrupted(state):
+        out = real_epoch(state)
+        os.kill(os.getpid(), getattr(signal, name))  # Ctrl-C / kill while the epoch runs
+        return out
+    monkeypatch.setattr(run, "run_epoch", interrupted)
+    summary = runner.train(load_config(), str(tmp_path / "w"), run=run)
+    assert summary["stopped"] == name and summary["epochs"] == 1
+    ck = checkpointing.Checkpointer(str(tmp_path / "w"))
+    assert ck.all_steps() == [1]  # checkpoint_every=2: saved because of the signal
+    ck.close()
+    assert epochs_of(tmp_path / "w" / "metrics.jsonl") == [1]

@@ -253,7 +253,8 @@ def test_scanned_layers_give_the_same_epoch_on_eight_devices(smoke, eight_device
         assert mismatches(ts, perturbed(t8, part), **DEVICE_TOL), part
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
+def test_sigint_saves_a_checkpoint_and_exits_zero(tmp_path):
+    """Ctrl-C in a real process (SIGTERM takes the same handler: test_runs_resume)."""
     workdir = tmp_path / "sig"
     env = dict(ONE_DEVICE_ENV, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
@@ -268,7 +269,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
         while time.time() < deadline and not (metrics.exists() and metrics.read_text()):
             assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
             time.sleep(0.5)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
@@ -277,6 +278,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
     steps = os.listdir(workdir / "checkpoints")
     n_epochs = len(metrics.read_text().splitlines())
     assert str(n_epochs) in steps
+    assert f"stopped by SIGINT after epoch {n_epochs} of 1000: checkpointed" in out.decode()
 
 
 def test_two_processes_agree_with_one(smoke, smoke_full, tmp_path):

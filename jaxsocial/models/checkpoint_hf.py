@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import jax.numpy as jnp
 import numpy as np
@@ -370,6 +370,33 @@ def from_pretrained(path: PathLike, dtype: Any = None, param_dtype: Any = None) 
 
 
 # ----------------------------------------------------------------------------------------------
+# Finite weights
+
+
+def non_finite_tensors(model: llama.Llama) -> List[Tuple[str, int, int]]:
+    """[(HF tensor name, NaN count, inf count)] of every weight holding a non-finite value, in
+    `hf_layout.param_specs` order (embeddings first). Empty when all weights are finite."""
+    bad = []
+    for spec in hf_layout.param_specs(model.config):
+        v = spec.get(model).get_value()
+        if bool(jnp.isfinite(v).all()):
+            continue
+        bad.append((spec.hf_name, int(jnp.isnan(v).sum()), int(jnp.isinf(v).sum())))
+    return bad
+
+
+def check_finite(model: llama.Llama, what: str) -> None:
+    """Raise ValueError naming the first non-finite tensor of `model` (`what` says whose
+    weights they are: a checkpoint path, "the policy to export", ...)."""
+    bad = non_finite_tensors(model)
+    if bad:
+        name, nans, infs = bad[0]
+        more = f" (and {len(bad) - 1} more tensor(s))" if len(bad) > 1 else ""
+        raise ValueError(f"{what}: tensor {name!r} holds non-finite values ({nans} NaN, "
+                         f"{infs} inf){more}")
+
+
+# ----------------------------------------------------------------------------------------------
 # Saving
 
 
@@ -386,13 +413,15 @@ def save_pretrained(model: llama.Llama, path: PathLike,
     Writes config.json, generation_config.json and the weights in the model's parameter dtype:
     one `model.safetensors`, or when the weights exceed `max_shard_bytes`, shards
     `model-0000i-of-0000n.safetensors` plus `model.safetensors.index.json`. Weight files of an
-    earlier save in the same directory are replaced. Peak extra memory: one shard.
+    earlier save in the same directory are replaced. Peak extra memory: one shard. A model
+    holding NaN or inf is refused (ValueError naming the tensor) before anything is written.
     """
 
     if max_shard_bytes <= 0:
         raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
     config = model.config
     hf_config = config_to_hf(config)  # raises before anything is written
+    check_finite(model, f"refusing to export a non-finite model to {os.fspath(path)!r}")
     path = os.fspath(path)
     os.makedirs(path, exist_ok=True)
     for f in os.listdir(path):
@@ -460,3 +489,29 @@ def load_tokenizer(path: PathLike, model: Optional[Union[llama.Llama, llama.Llam
             raise ValueError(f"tokenizer at {path!r} has {len(tokenizer)} tokens but the model's "
                              f"embedding has only vocab_size={config.vocab_size} rows")
     return tokenizer
+
+
+def export_problem(path: PathLike) -> Optional[str]:
+    """None when `path` is a complete HF directory: its config.json parses, every weight the
+    config needs is stored with its shape (headers only: no tensor is read), and the tokenizer
+    loads and fits the vocabulary. Otherwise one line saying what is missing or broken."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        return f"{path} does not exist"
+    try:
+        config = config_from_hf(path)
+        weight_map = _weight_map(path)
+        specs = hf_layout.param_specs(config)
+        model = nnx.eval_shape(lambda: llama.Llama(config, rngs=nnx.Rngs(0)))
+        for spec in specs:
+            if spec.hf_name not in weight_map:
+                return f"{path}: tensor {spec.hf_name!r} is missing"
+            want = tuple(spec.get(model).get_value().shape)
+            with safe_open(weight_map[spec.hf_name], framework="numpy") as st:
+                got = tuple(st.get_slice(spec.hf_name).get_shape())
+            if got != (want[::-1] if spec.transpose else want):
+                return f"{path}: tensor {spec.hf_name!r} has shape {got}"
+        load_tokenizer(path, config)
+    except Exception as e:  # noqa: BLE001 -- any failure to read it back means "incomplete"
+        return f"{path}: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    return None

@@ -71,8 +71,9 @@ def load(path_or_preset: str, dtype: Any = None, param_dtype: Any = None, *,
     checkpoint's own; the tiny tokenizer for a preset). remat / attention_chunk: override
     `config.remat` / `config.attention_chunk` (queries per attention block; 0 = all);
     scan_layers: override `config.scan_layers` (the layers as one `lax.scan`).
-    Raises ValueError naming the value when it is neither, or when the tokenizer's vocabulary
-    does not fit the model's embedding.
+    Raises ValueError naming the value when it is neither, when the checkpoint holds a NaN or
+    inf weight (naming the first such tensor), or when the tokenizer's vocabulary does not fit
+    the model's embedding.
     """
     if not path_or_preset:
         raise ValueError("nothing to load: give a checkpoint path or a preset name "
@@ -87,6 +88,8 @@ def load(path_or_preset: str, dtype: Any = None, param_dtype: Any = None, *,
         # a path: from_pretrained names a missing or unreadable one in its error
         model = checkpoint_hf.from_pretrained(path_or_preset, dtype=dtype,
                                               param_dtype=param_dtype)
+        # NaN/inf weights would train to NaN metrics and export a NaN model without a word.
+        checkpoint_hf.check_finite(model, f"checkpoint {path_or_preset!r}")
         default_tokenizer = path_or_preset
     else:
         raise ValueError(f"{path_or_preset!r} is neither an existing checkpoint path nor a "

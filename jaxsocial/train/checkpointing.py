@@ -12,8 +12,8 @@ that cannot be read (truncated or missing files) or whose checksums differ is mo
 `workdir/checkpoints_corrupt/<step>` with a warning naming it, and the next older one is
 tried (`restore_latest_good`). Weights are never restored silently corrupt.
 
-SIGTERM (`PreemptionGuard`): during the epoch loop it sets a flag; the loop saves and exits 0
-at the next epoch boundary. Before the loop (set-up, restore) nothing new exists to save, so
+SIGTERM and SIGINT (`PreemptionGuard`): during the epoch loop they set a flag; the loop saves and
+exits 0 at the next epoch boundary. Before the loop (set-up, restore) nothing new exists to save, so
 with `immediate=True` the handler raises `Preempted` at once and the run exits 0.
 """
 
@@ -36,7 +36,7 @@ CHECKSUM_KEY = "checksums"
 
 
 class Preempted(BaseException):
-    """SIGTERM arrived while nothing new was there to save (set-up, restore)."""
+    """SIGTERM or SIGINT arrived while nothing new was there to save (set-up, restore)."""
 
 
 class CheckpointError(RuntimeError):
@@ -269,31 +269,39 @@ class Checkpointer:
 
 
 class PreemptionGuard:
-    """Turns SIGTERM into a flag the training loop polls between epochs.
+    """Turns SIGTERM and SIGINT (Ctrl-C) into a flag the training loop polls between epochs.
 
     While `immediate` is True (set-up and restore, when nothing new exists to save) the
     handler raises `Preempted` instead, so a run stopped before its first epoch exits at
-    once."""
+    once. `signal_name` is the first stopping signal received ("SIGTERM" / "SIGINT")."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self, immediate: bool = False):
         self.requested = False
         self.immediate = immediate
-        self._previous = None
+        self.signal_name: Optional[str] = None
+        self._previous = {}
 
     def __enter__(self):
         def handler(signum, frame):  # noqa: ARG001
+            name = signal.Signals(signum).name
             self.requested = True
+            self.signal_name = self.signal_name or name
             if self.immediate:
-                logging.warning("SIGTERM received before the first epoch: exiting")
+                logging.warning("%s received before the first epoch: exiting", name)
                 raise Preempted()
-            logging.warning("SIGTERM received: will checkpoint and exit after this epoch")
-        try:
-            self._previous = signal.signal(signal.SIGTERM, handler)
-        except ValueError:  # not the main thread (e.g. inside a notebook worker)
-            self._previous = None
+            logging.warning("%s received: will checkpoint and exit after this epoch", name)
+        for sig in self.SIGNALS:
+            try:
+                self._previous[sig] = signal.signal(sig, handler)
+            except ValueError:  # not the main thread (e.g. inside a notebook worker)
+                pass
         return self
 
     def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for sig, previous in self._previous.items():
+            if previous is not None:
+                signal.signal(sig, previous)
+        self._previous = {}
         return False

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from typing import Any, Dict, Optional
 
 import jax
 import ml_collections
+import numpy as np
 from absl import logging
 from tqdm import tqdm
 
-from jaxsocial.train import checkpointing, config_check, loop, report, sharding
+from jaxsocial.models import checkpoint_hf
+from jaxsocial.train import checkpointing, config_check, loop, report, sharding, workdir_lock
 from jaxsocial.train import run_log as log_lib
 
 SUMMARY_KEYS = ("avg_likes_per_post", "zero_like_share", "positive_engagement_share",
@@ -71,30 +74,63 @@ def train(config: ml_collections.ConfigDict, workdir: str, resume: bool = True,
     compared with workdir/config.json (`check_resume`). The newest checkpoint that restores
     and verifies is used (corrupt ones are set aside with a warning). metrics.jsonl,
     samples.jsonl and the TensorBoard events are cut to the restored epoch on every start, so
-    each epoch is logged exactly once. A SIGTERM before the epoch loop returns at once (with
-    "stopped": "SIGTERM"); during it, the loop checkpoints and stops after the epoch.
+    each epoch is logged exactly once. A SIGTERM or SIGINT before the epoch loop returns at
+    once (with "stopped": the signal's name); during it, the loop checkpoints and stops after
+    the epoch.
+
+    One run per workdir: the lead process holds `workdir/run.lock` (`workdir_lock`) from before
+    anything is read or deleted until the end, so a second run on a live workdir is refused
+    (WorkdirBusy) and `resume=False` deletes nothing under a live run. Outputs are all or
+    nothing: export/ and initial/ are written into a temporary sibling, verified
+    (`checkpoint_hf.export_problem`) and renamed into place; summary.json / summary.md are
+    replaced atomically. A finished run counts as done only when its export verifies, so a
+    rerun repairs a missing or partial one from the final checkpoint.
 
     stop_after: stop after this many epochs *in this call* (tests use it to simulate an
     interruption); checkpoints are written as configured. run: a SocialRL already built
     from the same config (reuses its compiled programs). progress_file: stream for the bar.
     """
     config_check.check(config)
+    lock = workdir_lock.WorkdirLock(workdir)
     with checkpointing.PreemptionGuard(immediate=True) as guard:
         try:
             return _train(config, workdir, resume, progress, stop_after, run, progress_file,
-                          guard)
+                          guard, lock)
         except checkpointing.Preempted:
-            logging.warning("SIGTERM before the first epoch: nothing new to save, exiting")
+            name = guard.signal_name or "SIGTERM"
+            logging.warning("%s before the first epoch: nothing new to save, exiting", name)
             return {"epochs": None, "history": [], "first": None, "last": None,
-                    "stopped": "SIGTERM"}
+                    "stopped": name}
+        finally:
+            lock.release()
 
 
-def _train(config, workdir, resume, progress, stop_after, run, progress_file, guard):
+def _take_lock(lock: workdir_lock.WorkdirLock, lead: bool) -> None:
+    """The lead process takes the workdir lock; the others learn whether it got it."""
+    error = None
+    if lead:
+        try:
+            workdir_lock.prepare(lock.workdir)
+            lock.acquire()
+        except (workdir_lock.WorkdirBusy, ValueError) as e:
+            error = e
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        ok = multihost_utils.broadcast_one_to_all(np.int32(error is None))
+        if not lead and not int(ok):
+            raise workdir_lock.WorkdirBusy(f"workdir {lock.workdir}: process 0 could not take "
+                                           f"its lock (see process 0's error)")
+    if error is not None:
+        raise error
+
+
+def _train(config, workdir, resume, progress, stop_after, run, progress_file, guard, lock):
     d = config.distributed
     sharding.maybe_initialize_distributed(
         bool(d.enabled) or None, coordinator_address=d.get("coordinator_address"),
         num_processes=d.get("num_processes"), process_id=d.get("process_id"))
     lead = jax.process_index() == 0
+    _take_lock(lock, lead)  # before anything in the workdir is read, written or deleted
     os.makedirs(workdir, exist_ok=True)
     config_path = os.path.join(workdir, "config.json")
     ckpt = checkpointing.Checkpointer(workdir, keep=int(config.train.keep_checkpoints))
@@ -170,7 +206,7 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
                 ckpt.save(epoch, state, {"history": history, "epoch": epoch})
             if stop and not last:
                 logging.warning("stopping after epoch %d (%s)", epoch,
-                                "SIGTERM" if guard.requested else "stop_after")
+                                guard.signal_name if guard.requested else "stop_after")
                 break
     finally:
         if bar is not None:
@@ -181,22 +217,67 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
     summary = {"epochs": epoch, "history": history,
                "first": history[0] if history else None, "last": history[-1] if history else None}
     if guard.requested:
-        summary["stopped"] = "SIGTERM"
+        summary["stopped"] = guard.signal_name
     if finished:
         summary["already_finished"] = True
-    export_done = finished and os.path.isdir(os.path.join(workdir, "export"))
-    if epoch == epochs and config.train.export_hf and not export_done:  # every process joins
-        run.export_policy(state, os.path.join(workdir, "export"), write=lead)
-        # the baseline launch/eval.py compares the export with by default
-        run.export_policy(state, os.path.join(workdir, "initial"), write=lead, initial=True)
+    if epoch == epochs and config.train.export_hf:
+        repaired = _export_all(run, state, workdir, lead, verify_existing=finished)
+        if repaired and finished:
+            summary["repaired"] = repaired
     if os.path.isdir(os.path.join(workdir, "export")):
         summary["export"] = os.path.join(workdir, "export")
     if lead:
-        with open(os.path.join(workdir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
-        report.write_summary_md(summary, os.path.join(workdir, "summary.md"),
-                                title=f"Social-RL run: {config.name}")
+        _write_json_atomic(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=2))
+        md = os.path.join(workdir, "summary.md")
+        report.write_summary_md(summary, md + ".tmp", title=f"Social-RL run: {config.name}")
+        os.replace(md + ".tmp", md)
     return summary
+
+
+EXPORTS = ("export", "initial")  # the final policy, and the initial one launch/eval.py compares
+
+
+def _export_all(run, state, workdir: str, lead: bool, verify_existing: bool) -> list:
+    """Write export/ and initial/ (each all or nothing); returns the names written.
+
+    verify_existing: a finished run's rerun keeps a directory that verifies and rewrites one
+    that is missing or incomplete. Multi-process: every process joins (the weights are
+    gathered); the verdict is process 0's."""
+    todo = []
+    for name in EXPORTS:
+        path = os.path.join(workdir, name)
+        problem = checkpoint_hf.export_problem(path) if verify_existing and lead else "new"
+        if verify_existing and jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+            problem = "bad" if int(multihost_utils.broadcast_one_to_all(
+                np.int32(problem is not None))) else None
+        if problem is None:
+            continue
+        if verify_existing:
+            logging.warning("%s is incomplete (%s): writing it again from the final checkpoint",
+                            name + "/", problem)
+        _export_atomic(run, state, path, lead, initial=name == "initial")
+        todo.append(name)
+    return todo
+
+
+def _export_atomic(run, state, path: str, lead: bool, initial: bool) -> None:
+    """Write into `path.partial`, verify it, then swap it in for `path` (a crash leaves either
+    the old directory or the new one, never a half-written one in its place)."""
+    partial, old = path + ".partial", path + ".old"
+    if lead:
+        for p in (partial, old):
+            shutil.rmtree(p, ignore_errors=True)
+    run.export_policy(state, partial, write=lead, initial=initial)
+    if not lead:
+        return
+    problem = checkpoint_hf.export_problem(partial)
+    if problem is not None:
+        raise OSError(f"the export written to {partial} does not read back: {problem}")
+    if os.path.exists(path):
+        os.replace(path, old)
+    os.replace(partial, path)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def headline(record: Dict[str, Any]) -> str:
