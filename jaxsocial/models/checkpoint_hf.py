@@ -498,6 +498,12 @@ def export_problem(path: PathLike) -> Optional[str]:
     path = os.fspath(path)
     if not os.path.isdir(path):
         return f"{path} does not exist"
+    for name in (CONFIG_NAME, "tokenizer_config.json"):
+        if not os.path.isfile(os.path.join(path, name)):
+            return f"{path}: {name} is missing"
+    if not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json",
+                                                                 "tokenizer.model")):
+        return f"{path}: the tokenizer's files (tokenizer.json) are missing"
     try:
         config = config_from_hf(path)
         weight_map = _weight_map(path)
