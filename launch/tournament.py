@@ -9,12 +9,16 @@ Prints a table (J, dJ(C*) vs solo with SEM and p, distinct arms, completion) and
 `results.json` to --workdir. The reference policy (solo UCB1) plays in a solo population; every
 other baseline plays in a social one; populations are matched by seed (same arm means, same
 forced-search schedule). LLM agents are compared with the same model with observation disabled.
+
+The config is checked before anything runs (`check_config`): a bad value is one line,
+`error: ...`, naming its `--config.` key, exit status 1, and no workdir is made.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import sys
 
 import jax
 from absl import app, flags
@@ -28,13 +32,63 @@ FLAGS = flags.FLAGS
 
 
 def env_params(env_cfg, **overrides) -> sl.EnvParams:
-    """EnvParams from the config's `env` block (validated)."""
+    """EnvParams from the config's `env` block (validated; a ValueError names the field as its
+    `--config.` key, e.g. env.num_rounds)."""
     kw = dict(env_cfg.to_dict() if hasattr(env_cfg, "to_dict") else env_cfg)
     kw.update(overrides)
-    unknown = set(kw) - set(sl.EnvParams.__dataclass_fields__)
+    fields = sl.EnvParams.__dataclass_fields__
+    unknown = set(kw) - set(fields)
     if unknown:
         raise ValueError(f"unknown env settings {sorted(unknown)}")
-    return sl.EnvParams(**kw).validate()
+    try:
+        return sl.EnvParams(**kw).validate()
+    except ValueError as e:  # "num_rounds must be >= 1, got 0" -> "env.num_rounds must ..."
+        msg = str(e)
+        first = msg.split(" ", 1)[0]
+        raise ValueError(f"env.{msg}" if first in fields else f"env: {msg}") from None
+
+
+def _positive_int(value, key: str, lo: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ValueError(f"{key}={value!r} must be an integer >= {lo}")
+    return value
+
+
+def check_config(config) -> None:
+    """Raise ValueError naming the first bad `--config.` key (seed counts, baselines, the env
+    block, the LLM block when enabled). Cheap: nothing is compiled, loaded or written."""
+    _positive_int(config.num_seeds, "num_seeds")
+    if not config.baselines:
+        raise ValueError("baselines is empty: give at least one baseline")
+    for name in list(config.baselines) + [config.reference]:
+        try:
+            baselines.get(name)
+        except ValueError as e:
+            key = "reference" if name == config.reference else "baselines"
+            raise ValueError(f"{key}: {e}") from None
+    env_params(config.env, social=True)
+    lc = config.llm
+    if not lc.enabled:
+        return
+    _positive_int(lc.num_seeds, "llm.num_seeds")
+    if lc.num_seeds > config.num_seeds:
+        raise ValueError(f"llm.num_seeds={lc.num_seeds} > num_seeds={config.num_seeds}: the LLM "
+                         "populations are the first llm.num_seeds of the baselines' seeds")
+    for f in ("num_agents", "num_arms", "num_rounds"):
+        _positive_int(getattr(lc, f), f"llm.{f}", lo=0)
+    over = {f: getattr(lc, f) for f in ("num_agents", "num_arms", "num_rounds") if getattr(lc, f)}
+    try:
+        env_params(config.env, **over)
+    except ValueError as e:
+        raise ValueError(f"{e} (with the llm.* overrides {over})") from None
+    for f in ("max_learn_tokens", "max_pull_tokens"):
+        _positive_int(getattr(lc, f), f"llm.{f}")
+    if not float(lc.temperature) >= 0:
+        raise ValueError(f"llm.temperature={lc.temperature} must be >= 0")
+    if not 0 < float(lc.top_p) <= 1:
+        raise ValueError(f"llm.top_p={lc.top_p} must be in (0, 1]")
+    if not lc.checkpoint:
+        raise ValueError("llm.checkpoint is empty: give a Llama checkpoint directory or 'tiny'")
 
 
 def _row(name: str, summary: dict, cmp: dict | None) -> dict:
@@ -150,7 +204,9 @@ def format_table(rows: dict, reference: str) -> str:
 
 
 def run(config, workdir: str) -> dict:
-    """Baselines (+ LLM agents if enabled); writes workdir/results.json; returns the results."""
+    """Baselines (+ LLM agents if enabled); writes workdir/results.json; returns the results.
+    The config is checked first (`check_config`)."""
+    check_config(config)
     rows = run_baselines(config)
     if config.llm.enabled:
         rows.update(run_llm(config))
@@ -171,8 +227,13 @@ flags.DEFINE_string("workdir", "/tmp/social_learning", "where results.json goes"
 
 
 def main(argv):
+    """Run the tournament; a bad config is one line, `error: ...`, and exit status 1."""
     del argv
-    run(_CONFIG.value, FLAGS.workdir)
+    try:
+        run(_CONFIG.value, FLAGS.workdir)
+    except (ValueError, OSError) as e:
+        sys.stderr.write(f"error: {' '.join(str(e).split())}\n")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -209,6 +209,9 @@ def test_tool_call_rollout_counts_failures_by_kind():
     c = load_config_file("configs/demo.py", "smoke")
     c.agents.action_mode = "tool_call"
     c.rollout.ticks_per_epoch = 1
+    with pytest.raises(ValueError, match=r"rollout.max_new_tokens=8 is too few .* >= 30"):
+        loop.SocialRL(c)  # the smoke's 8 new tokens hold no comment call
+    c.rollout.max_new_tokens = 30
     run = loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
     assert "like_post(post_id: int)" in run.tokenizer.decode(run.template.middle)
     state = run.init_state()

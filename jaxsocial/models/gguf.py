@@ -289,10 +289,14 @@ def dequantize_tensor(path: str, tensor) -> np.ndarray:
         raise ValueError(f"GGUF file {path!r}: tensor {tensor.name!r} has unsupported "
                          f"quantization type {getattr(qtype, 'name', qtype)}")
     shape = tuple(int(n) for n in reversed(tensor.shape))
-    if qtype == gguf_lib.GGMLQuantizationType.F64:
-        out = np.asarray(tensor.data, np.float64).astype(np.float32)
-    else:
-        out = np.asarray(gguf_lib.quants.dequantize(tensor.data, qtype), np.float32)
+    # Values are passed on as they are, NaN and inf included (an F64 value beyond float32's
+    # range becomes inf): `loading.load` names the first non-finite tensor, so no cast warning
+    # here should speak first or for it.
+    with np.errstate(over="ignore", invalid="ignore"):
+        if qtype == gguf_lib.GGMLQuantizationType.F64:
+            out = np.asarray(tensor.data, np.float64).astype(np.float32)
+        else:
+            out = np.asarray(gguf_lib.quants.dequantize(tensor.data, qtype), np.float32)
     return out.reshape(shape)
 
 

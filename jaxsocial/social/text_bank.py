@@ -84,14 +84,92 @@ class Corpus:
     interest_topic: Tuple[int, ...]
 
 
+def _undecodable(data: bytes, where: str) -> str:
+    """The one-line reason `data` is not UTF-8: `where` at byte N (0x..), or "" when it is."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return (f"{where} is not UTF-8 text: byte {e.start} (0x{data[e.start]:02x}) "
+                f"{e.reason}")
+    return ""
+
+
+def read_text_file(path: str, key: str) -> str:
+    """The contents of the file at `path`, decoded as strict UTF-8. ValueError in one line
+    naming `key` (the config key that gave the path), the path and, for text that is not UTF-8,
+    the byte offset of the first undecodable byte; FileNotFoundError for a missing file."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{key}={path!r}: no such file") from None
+    except OSError as e:
+        raise ValueError(f"{key}={path!r}: cannot read it ({e.strerror or e})") from None
+    bad = _undecodable(data, f"{key}={path!r}")
+    if bad:
+        raise ValueError(f"{bad}; save the file as UTF-8")
+    return data.decode("utf-8")
+
+
+def read_lines(path: str, key: str, what: str = "text") -> Tuple[str, ...]:
+    """The non-blank lines of a UTF-8 text file (`read_text_file`), stripped: e.g. one persona
+    per line for `agents.personas`. Checked by `check_texts` (ValueError naming `key`)."""
+    texts = tuple(line.strip() for line in read_text_file(path, key).splitlines()
+                  if line.strip())
+    if not texts:
+        raise ValueError(f"{key}={path!r} holds no {what}: give at least one {what} (one per "
+                         f"line)")
+    return check_texts(texts, key, what)
+
+
+def check_texts(texts, key: str, what: str = "text") -> Tuple[str, ...]:
+    """`texts` as a tuple of str, or ValueError in one line naming `key` (e.g.
+    "agents.personas") and the bad entry: an empty sequence ("agents.personas is empty: give at
+    least one persona"), a lone string where a sequence is meant, an entry that is bytes (with
+    the first undecodable byte when it is not UTF-8 either), not a string, blank, or holding
+    characters that cannot be encoded (lone surrogates, as `errors="surrogateescape"` makes
+    from a file that is not UTF-8)."""
+    if isinstance(texts, (str, bytes)):
+        raise ValueError(f"{key} is a single {type(texts).__name__}, not a sequence: give a "
+                         f"tuple of {what}s, e.g. ({str(texts)[:30]!r},)")
+    try:
+        texts = tuple(texts)
+    except TypeError:
+        raise ValueError(f"{key}={texts!r} is not a sequence of {what}s") from None
+    if not texts:
+        raise ValueError(f"{key} is empty: give at least one {what}")
+    for i, t in enumerate(texts):
+        where = f"{key}[{i}]"
+        if isinstance(t, (bytes, bytearray)):
+            bad = _undecodable(bytes(t), where)
+            raise ValueError(bad + " (and is bytes, not str)" if bad else
+                             f"{where} is bytes, not str: decode it as UTF-8 first")
+        if not isinstance(t, str):
+            raise ValueError(f"{where} is {type(t).__name__}, not a string")
+        if not t.strip():
+            raise ValueError(f"{where} is blank: every {what} needs some text")
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"{where} holds an undecodable character at position {e.start} "
+                             f"({t[e.start]!r}: a byte that was not UTF-8 where it was read); "
+                             f"read the file as UTF-8") from None
+    return texts
+
+
 def load_corpus(path: Optional[str] = None) -> Corpus:
-    """Read the crowd corpus JSON (`{"topics": [{"name", "interests", "posts", "comments"}]}`)."""
+    """Read the crowd corpus JSON (`{"topics": [{"name", "interests", "posts", "comments"}]}`).
+    ValueError in one line naming the path for a file that is missing, not UTF-8 (with the
+    byte offset), not JSON or not of this shape."""
     path = path or default_path()
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        text = read_text_file(path, "crowd_text.path")
+    except FileNotFoundError as e:
+        raise ValueError(str(e)) from None
+    try:
+        data = json.loads(text)
         topics = data["topics"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"cannot read crowd corpus {path!r}: {e}") from None
     fields = {k: ([], []) for k in ("posts", "comments", "interests")}
     for i, t in enumerate(topics):
@@ -183,13 +261,22 @@ def files_key(path: str) -> str:
 
 
 def make_bank(tokens: np.ndarray, embedding: np.ndarray, topic: Sequence[int]) -> TextBank:
-    """A TextBank from host arrays (checks shapes; embeddings must be unit norm)."""
+    """A TextBank from host arrays (checks shapes; embeddings must be finite and unit norm:
+    non-finite ones, NaN or inf, are named as such, since they come from non-finite encoder
+    weights or activations rather than from a missing normalisation)."""
     tokens, embedding = np.asarray(tokens, np.int32), np.asarray(embedding, np.float32)
     topic = np.asarray(topic, np.int32)
     n = tokens.shape[0]
     if tokens.ndim != 2 or embedding.shape[:1] != (n,) or topic.shape != (n,) or n < 1:
         raise ValueError(f"text bank needs tokens [Nb, L], embedding [Nb, d], topic [Nb] with "
                          f"Nb >= 1; got {tokens.shape}, {embedding.shape}, {topic.shape}")
+    finite = np.isfinite(embedding).all(axis=-1)
+    if not finite.all():
+        nan = int(np.isnan(embedding).any(axis=-1).sum())
+        raise ValueError(f"text bank embeddings are non-finite: {int((~finite).sum())} of {n} "
+                         f"rows hold NaN or inf ({nan} NaN), so the encoder (the model's "
+                         f"weights or activations) produced non-finite values; check the "
+                         f"checkpoint's weights")
     norm = np.linalg.norm(embedding, axis=-1)
     if not np.allclose(norm, 1.0, atol=1e-3):
         raise ValueError(f"text bank embeddings must be unit norm (norms in "

@@ -329,6 +329,42 @@ def tool_instruction(actions: Union[str, Sequence[str]], feed_size: int,
     return "\n".join(lines)
 
 
+def shortest_tool_calls(actions: Union[str, Sequence[str]], feed_size: int) -> Dict[str, str]:
+    """Per configured tool (`resolve(actions)` keyword -> text): the shortest answer
+    `parse_tool_call` accepts for it, e.g. '{"name":"do_nothing"}' or
+    '{"name":"like_post","arguments":{"post_id":1}}': no whitespace, the smallest valid label
+    (a shown comment's labels start after the feed's posts), a one-character text."""
+    out = {}
+    for kw in resolve(actions):
+        name, iarg, targ = TOOL_ARGS[kw]
+        args = []
+        if iarg:
+            args.append(f'"{iarg}":{feed_size + 1 if ACTIONS[kw].target == "comment" else 1}')
+        if targ:
+            args.append(f'"{targ}":"x"')
+        arguments = ',"arguments":{' + ",".join(args) + "}" if args else ""
+        out[kw] = '{"name":"' + name + '"' + arguments + "}"
+    return out
+
+
+def check_tool_call_room(tokenizer, actions: Union[str, Sequence[str]], feed_size: int,
+                         max_new_tokens: int) -> None:
+    """ValueError naming `rollout.max_new_tokens` when the shortest valid call of some
+    configured tool (`shortest_tool_calls`, counted with the run's tokenizer) does not fit in
+    it: that tool could never be used, and below the smallest count every answer fails to
+    parse. The tool_call counterpart of the constrained grammar's room check."""
+    calls = shortest_tool_calls(actions, feed_size)
+    tokens = {kw: len(tokenizer.encode(text, add_special_tokens=False))
+              for kw, text in calls.items()}
+    kw = max(tokens, key=tokens.get)
+    if max_new_tokens < tokens[kw]:
+        raise ValueError(
+            f"rollout.max_new_tokens={max_new_tokens} is too few for agents.action_mode="
+            f"'tool_call': the shortest valid {kw!r} call, {calls[kw]}, takes {tokens[kw]} "
+            f"tokens (set rollout.max_new_tokens >= {tokens[kw]}; below "
+            f"{min(tokens.values())} no answer can parse)")
+
+
 def token_bytes(tokenizer, vocab_size: int, max_bytes: int = 16) -> Tuple[np.ndarray, np.ndarray]:
     """Each token's bytes: chars [V, max_bytes] uint8, length [V] int32 (special and unused ids:
     0; a longer token keeps its first max_bytes). Byte-level BPE ("Ġ"), SentencePiece ("▁",

@@ -42,7 +42,7 @@ from jaxsocial.rl import buffer as buffer_lib
 from jaxsocial.rl import optim
 from jaxsocial.rl import policy as policy_lib
 from jaxsocial.rl import ppo as ppo_lib
-from jaxsocial.train import loop, memory, sharding
+from jaxsocial.train import bounds, loop, memory, sharding
 
 GiB = 1024 ** 3
 
@@ -192,7 +192,7 @@ def abstract_run(config, mesh=None, model_overrides: Optional[Dict[str, Any]] = 
     with config.unlocked() if hasattr(config, "unlocked") else contextlib.nullcontext():
         config.model.checkpoint = ""
         config.model.require_checkpoint = False
-    with _abstract_weights(model_overrides):
+    with _abstract_weights(model_overrides), bounds.abstract_build():
         return loop.SocialRL(config, mesh=mesh)
 
 

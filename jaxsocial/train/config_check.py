@@ -18,8 +18,8 @@ from typing import Any, Dict, List, Tuple
 import ml_collections
 
 from jaxsocial.rl.rewards import NORMALIZE_MODES
-from jaxsocial.social import society
-from jaxsocial.train import agent_actions
+from jaxsocial.social import activation, society, text_bank
+from jaxsocial.train import agent_actions, bounds
 
 # Keys that may differ between a run and its resumption. Everything else (model, agents,
 # society, rollout, reward, rl, code, seed, tokenizer) changes shapes or semantics.
@@ -165,11 +165,37 @@ def check(config: ml_collections.ConfigDict) -> None:
                  f"society.feed_comments >= 1")
         except ValueError as e:
             problems.append(str(e))
+    if "agents" in config:
+        for key, what in (("agents.personas", "persona"), ("agents.names", "name")):
+            texts = _get(config, key, ())
+            if key == "agents.names" and not texts:
+                continue  # () = the names in the personas
+            try:
+                text_bank.check_texts(texts, key, what)
+            except ValueError as e:
+                problems.append(str(e))
+    if not problems and _get(config, "agents.activation.enabled", False):
+        try:  # the profile against agents.active_per_tick over the hours the run's ticks reach
+            activation.check_config(config)
+        except (ValueError, FileNotFoundError) as e:
+            problems.append(str(e))
     if not problems and "society" in config:
         try:
             society.make_params(**dict(config.society), num_agents=int(agents),
                                 reward_horizon=int(num("reward.horizon", 1)))
         except (ValueError, TypeError) as e:
             problems.append(f"society: {e}")
+    if not problems:
+        problems += bound_problems(config)
     if problems:
         raise ValueError("invalid config: " + "; ".join(problems))
+
+
+def bound_problems(config: ml_collections.ConfigDict) -> List[str]:
+    """The config's sizes against the hard limits and this machine's memory (`bounds.problems`:
+    persona length, int32 ids, the text-bank pass, the epoch's buffers), for a config whose
+    values are otherwise consistent."""
+    try:
+        return bounds.problems(config)
+    except ValueError as e:  # e.g. an unknown rl.* key, met while sizing the update
+        return [str(e)]

@@ -103,8 +103,9 @@ class SocialRL:
             raise ValueError(f"agents.active_per_tick={active} must be in [1, num_agents={a}]")
         self.active = active  # B: agents acting each tick (a random subset when < A)
         # [A, 24] activity weights over the society's clock (None: a uniform subset).
-        self.activation = activation.from_config(c.agents.get("activation", None), a,
-                                                 int(c.seed))
+        self.activation = activation.from_config(
+            c.agents.get("activation", None), a, int(c.seed), active_per_tick=active,
+            hours=activation.hours_of_run(c))
         horizon = int(c.reward.horizon)
         if horizon < 1:
             raise ValueError(f"reward.horizon must be >= 1, got {horizon}")
@@ -137,6 +138,9 @@ class SocialRL:
         if max_text < 1:
             raise ValueError(f"rollout.max_new_tokens={n_new} leaves no room for text after the "
                              f"longest action prefix ({longest_prefix} tokens) and a stop token")
+        if self.tool_call:
+            agent_actions.check_tool_call_room(self.tokenizer, c.agents.actions,
+                                               self.social_params.feed_size, n_new)
         # Free text excludes special tokens only (id 0 is a real token, e.g. "!" in Llama-3).
         specials = sorted(set(self.tokenizer.added_tokens_decoder))
         self.grammar = (self.vocab.grammar(model.config.vocab_size, max_text, specials)
@@ -273,11 +277,17 @@ class SocialRL:
             scan_layers=bool(self.model_config.scan_layers))
 
     def _check_memory(self, c) -> None:
-        """Warn before a run that cannot fit (when the backend reports device memory)."""
-        device_bytes = memory.device_memory_bytes()
-        if device_bytes is None:
+        """Refuse a run whose epoch cannot fit this machine, warn near the limit
+        (`memory.check_machine`), on every backend: the per-device estimate against one
+        device's memory (GPU/TPU) or, on the CPU, the RAM the mesh's local devices share. An
+        abstract run (ShapeDtypeStruct weights: `train.aot`) allocates nothing: not checked."""
+        leaves = jax.tree.leaves(self._init_params)
+        if leaves and isinstance(leaves[0], jax.ShapeDtypeStruct):
             return
-        memory.check_fits(self.memory_estimate(), device_bytes)
+        m = c.model
+        what = (f"model.checkpoint={m.checkpoint!r}" if m.checkpoint else
+                f"model.preset={m.preset!r}") + f" on mesh.shape={tuple(self.mesh.shape.values())}"
+        memory.check_machine(self.memory_estimate(), len(self.mesh.local_devices), what)
 
     def init_state(self) -> RunState:
         """Fresh run: initial policy (= reference), society reset, keys from config.seed."""

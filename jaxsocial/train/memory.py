@@ -14,14 +14,16 @@ layers unrolled and scanned (`scan_layers`: within 4%): docs/scaling.md, pinned 
 tests/test_aot_memory.py, which also checks the update on small shapes. CPU caveat:
 the CPU widens bf16 dots to float32 (the float32 weight and LM-head copies counted here) and
 packs temporaries less tightly than a GPU/TPU allocator, so these are upper bounds there.
-Without remat the per-layer count of Korthikanti et al. (2022) is used.
+Without remat the per-layer count of Korthikanti et al. (2022) is used besides the
+attention, whose saved scores are counted as XLA keeps them on the CPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, Optional, Sequence
+import os
+from typing import Dict, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -389,8 +391,14 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
         if not 0 < attention_chunk < seq:
             saved += int(L * 1.16 * mb_d * heads_l * seq * seq * 4)
     else:
-        # Korthikanti et al. (2022): 34*T*B*H + 5*heads*T^2*B at 16 bits per layer.
-        saved = L * (34 * seq * mb_d * h // t + 5 * heads_l * seq * seq * mb_d) * cbytes // 2
+        # Korthikanti et al. (2022): 34*T*B*H at 16 bits per layer besides the attention;
+        # the attention's [B, heads, T, T] scores as XLA keeps them on the CPU (bf16 widened:
+        # float32 either way): 13 bytes per score per layer, and 2 float32 score tensors of
+        # the layer in the backward (the tiny preset's update, 2 and 4 layers, T = 520 and
+        # 1032: the working set within 10% of XLA's temp; Korthikanti's 5 bytes per score at
+        # 16 bits gave two thirds of it).
+        saved = (L * 34 * seq * mb_d * h // t * cbytes // 2
+                 + (13 * L + 8) * heads_l * seq * seq * mb_d)
         attn_u = 0
     if scan_layers:
         # Scanned: each layer's gradients are reduce-scattered inside its iteration of the
@@ -475,7 +483,84 @@ def check_fits(est: MemoryEstimate, device_bytes: int, headroom: float = 0.9) ->
     return True
 
 
+def check_machine(est: MemoryEstimate, devices: int = 1, what: str = "the run") -> None:
+    """Refuse (ValueError, one line) an estimate beyond this machine's memory; warn above 90%
+    of it (`check_fits`). The memory is one device's (`machine_memory`: GPU/TPU, against the
+    per-device estimate) or, on the CPU, the RAM its `devices` (the mesh's local devices, all
+    in this process) share, against devices x the estimate. `what` names the config keys that
+    size the run, for the message."""
+    total, kind, per_device = machine_memory()
+    devices = 1 if per_device else max(1, int(devices))
+    need = est.total * devices
+    if need > total:
+        each = f" ({devices} CPU devices x {est.total / GiB:.1f} GiB)" if devices > 1 else ""
+        per = " per device" if per_device else ""
+        top = max(est.programs, key=est.programs.get) if est.programs else "total"
+        raise ValueError(
+            f"{what}: the epoch needs ~{need / GiB:.1f} GiB{per}{each} by memory.estimate "
+            f"(largest program: {top}; parameters {est.params / GiB:.1f}, optimizer "
+            f"{est.optimizer / GiB:.1f}, KV cache {est.kv_cache / GiB:.1f} GiB), more than this "
+            f"machine's {total / GiB:.1f} GiB of {kind}; shard more (mesh.shape), train LoRA "
+            f"adapters (rl.lora_rank), set model.remat / model.attention_chunk / rl.micro_batch, "
+            f"or act with fewer agents per tick (agents.active_per_tick)")
+    check_fits(est, total // devices)
+
+
 def device_memory_bytes() -> Optional[int]:
     """Memory of the first local device, when the backend reports it (GPU/TPU)."""
     stats = getattr(jax.local_devices()[0], "memory_stats", lambda: None)()
     return None if not stats else stats.get("bytes_limit")
+
+
+def host_memory_bytes() -> int:
+    """This machine's RAM as this process may use it: the physical memory
+    (`os.sysconf('SC_PHYS_PAGES') * SC_PAGE_SIZE`, else /proc/meminfo's MemTotal), capped by the
+    cgroup's limit when a container sets one (cgroup v2 `memory.max`, v1
+    `memory.limit_in_bytes`)."""
+    total = 0
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        try:
+            with open("/proc/meminfo") as f:
+                total = next(int(line.split()[1]) * 1024 for line in f
+                             if line.startswith("MemTotal:"))
+        except (OSError, StopIteration, ValueError, IndexError):
+            total = 0
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                limit = int(f.read().strip())  # "max" (no limit) raises ValueError
+        except (OSError, ValueError):
+            continue
+        if 0 < limit < (total or limit + 1):
+            total = limit
+    return int(total)
+
+
+def machine_memory() -> Tuple[int, str, bool]:
+    """(bytes, what, per_device): the memory of one local device when the backend reports it
+    (`device_memory_bytes`: GPU/TPU, per_device True), else this machine's RAM
+    (`host_memory_bytes`: the CPU backend, whose devices all share it, per_device False).
+    Starts the backend if it is not started yet."""
+    device = device_memory_bytes()
+    if device:
+        return int(device), "device memory", True
+    return host_memory_bytes(), "RAM", False
+
+
+def encode_bytes(cfg: LlamaConfig, rows: int, length: int) -> int:
+    """Working set of one forward pass without a KV cache over [rows, length] tokens on one
+    device: the set-up's text-bank pass (`social.text_bank.embed_rows`: pooled states of the
+    interest descriptions and personas, `rows` = its chunk of up to 64 texts padded to the
+    longest). Four float32 blocks of attention scores [rows, heads, q, length] (q the query
+    block, `attention_chunk`, else the whole length) and the MLP's and hidden states'
+    activations. Against XLA's temp for the pass on the CPU: tiny at [64, 1024] +1%, with
+    256-query blocks +18%; small_20m at [16, 512] +6%; demo.py:smoke with a 6,240-token persona
+    149.3 GiB estimated, 149.0 GiB allocated (the OOM it ended in)."""
+    rows, length = int(rows), int(length)
+    chunk = int(cfg.attention_chunk)
+    q = chunk if 0 < chunk < length else length
+    scores = 4 * rows * cfg.num_attention_heads * q * length * 4
+    acts = 2 * rows * length * (cfg.intermediate_size + cfg.hidden_size) * 4
+    return int(scores + acts)
