@@ -130,8 +130,10 @@ def main(argv):
     try:  # a config that fails its check writes nothing, not even the workdir
         config_check.check(config)
         # Refused here too (runner.train takes the lock itself), so that a second run on a
-        # live workdir does not write into the first one's train.log.
-        workdir_lock.check_free(workdir)
+        # live workdir does not write into the first one's train.log. Multi-host: process 0
+        # holds the lock for all of them.
+        if int(config.distributed.get("process_id", -1)) <= 0:
+            workdir_lock.check_free(workdir)
         workdir_lock.prepare(workdir)
     except (ValueError, workdir_lock.WorkdirBusy) as e:
         console.write(f"error: {_one_line(e)}\n")
