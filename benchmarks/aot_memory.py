@@ -17,7 +17,8 @@ target's device count) set before jax is imported, builds the run with an abstra
 (`jaxsocial.train.aot`: ShapeDtypeStruct weights with the loop's shardings, nothing
 allocated), lowers and compiles the rollout, scoring and update programs for the (data, fsdp,
 tensor) mesh, and prints XLA's `compiled.memory_analysis()` per device beside
-`jaxsocial.train.memory.estimate`. The last line is the 8 x H100 row:
+`jaxsocial.train.memory.estimate`. The summary line is the last row's (the 8 x H100 row by
+default), followed by `result: <file>` (benchmarks/results/) and the machine line, last:
 
     preset=llama3_8b mesh=1x8x1 xla_gib=X estimate_gib=Y fits_80gb=true|false
 
@@ -45,6 +46,8 @@ import subprocess
 import sys
 import time
 
+from common import NO_RECORD_HELP, finish  # benchmarks/: the result file
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 1024 ** 3
 
@@ -53,7 +56,7 @@ ROWS = {
     "h200_1b": ("llama3_2_1b", (1, 1, 1), {}, 139.8, "1 x H200 141 GB"),
     "lora": ("llama3_8b", (8, 1, 1), {"rl.lora_rank": 16}, 79.6, "8 x H100 80 GB, LoRA r=16"),
     "v5e64": ("llama3_8b", (4, 16, 1), {"rl.minibatches": 4}, 15.75, "TPU v5e-64 (16 GB)"),
-    # The documented launch meshes where the rows do not fit (docs/scaling.md).
+    # The documented launch meshes for where the rows above do not fit (docs/scaling.md).
     "v5e64_2x32": ("llama3_8b", (2, 32, 1), {"rl.minibatches": 4}, 15.75,
                    "TPU v5e-64 (16 GB), fsdp 32"),
     "lora_fsdp": ("llama3_8b", (1, 8, 1), {"rl.lora_rank": 16, "rl.minibatches": 8}, 79.6,
@@ -170,6 +173,7 @@ def main():
                     "all-gathers as early as it can: a CPU-only choice, not the target's)")
     ap.add_argument("--json", default="", help="write the results here")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--no_record", action="store_true", help=NO_RECORD_HELP)
     a = ap.parse_args()
     if a.child:
         child(json.loads(a.child))
@@ -220,11 +224,17 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=2)
+    figures = {"rows": results}
     if last is not None:
         m = "x".join(str(s) for s in last["mesh"])
+        fits_80 = last["xla_peak"] <= 0.9 * 79.6 * GIB
         print(f"preset={last['preset']} mesh={m} xla_gib={last['xla_peak'] / GIB:.2f} "
               f"estimate_gib={last['estimate'] / GIB:.2f} "
-              f"fits_80gb={str(last['xla_peak'] <= 0.9 * 79.6 * GIB).lower()}")
+              f"fits_80gb={str(fits_80).lower()}")
+        figures.update(preset=last["preset"], mesh=m, xla_gib=last["xla_peak"] / GIB,
+                       estimate_gib=last["estimate"] / GIB, fits_80gb=fits_80)
+    # Only after every child: this process imports jax for the machine's figures here.
+    finish("aot_memory", figures, record=not a.no_record)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
-"""One decode step's attention over the cache, three ways, in isolation (issue 19 item 3: can the
-decode attend to the filled part of the cache only, for less than attending to every slot?).
+"""One decode step's attention over the cache, three ways, in isolation (can the decode attend to
+the filled part of the cache only, for less than attending to every slot?).
 
     python benchmarks/decode_attention.py
 
 For a query of one token per row (q [B, 1, K, G, D]) against a float32 cache [B, S, K, D] whose
 first `live` slots are filled, best of 5 x 300 calls, ms per layer:
-- `all_slots`: the model's attention today (`llama.Attention`'s einsums) over all S slots;
+- `all_slots`: the model's attention (`llama.Attention`'s einsums) over all S slots;
 - `slice`: the same over `cache[:, :live]` (a static slice: `Llama.forward(kv_limit=live)`);
 - `blocks_kbN`: a `fori_loop` over ceil(live / N) key blocks with an online softmax (exact;
   early exit at the live length, which may be traced).

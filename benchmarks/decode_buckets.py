@@ -1,18 +1,19 @@
-"""Decode over a growing cache (issue 19 item 3): `generate` with `SamplingConfig.decode_buckets`
-segments against one decode loop over all P + N cache slots, same weights, same key.
+"""Decode over a growing cache: `generate` with `SamplingConfig.decode_buckets` segments against
+one decode loop over all P + N cache slots, same weights, same key.
 
     python benchmarks/decode_buckets.py                   # the three rows below
     python benchmarks/decode_buckets.py --rows long --buckets 2,4,8 --repeats 3
 
 Rows (random weights, float32, T=1 top-k 50 top-p 0.95, no stop ids, so every row runs N
-steps): `issue` = generate.py's 19M row (batch 32, prompt 128, 64 new: the prompt fills 2/3 of
+steps): `topk` = generate.py's 19M row (batch 32, prompt 128, 64 new: the prompt fills 2/3 of
 the cache at the first step); `smol` = SmolLM2-135M's shapes (batch 16, prompt 64, 128 new);
 `long` = the 19M preset with long responses (batch 32, prompt 64, 512 new: the cache is 7/8
 empty at the first step). Each timed call is a whole `generate` (prefill + decode); the bucket
 settings are timed in turn within each round (so a slow minute hits all of them) and the best
 of `--repeats` rounds is kept, after one warm-up call each. Every setting must give the
-one-loop setting's tokens (checked). Last line: `one_bucket_s= buckets_s= ratio=` of the last
-row at the largest bucket count.
+one-loop setting's tokens (checked). Summary line: `one_bucket_s= buckets_s= ratio=` of the
+last row at the largest bucket count, then `result: <file>` (benchmarks/results/) and the
+machine line, last.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from common import NO_RECORD_HELP, finish  # benchmarks/: the result file
 from decode_profile import ROWS as SHAPES  # benchmarks/: the model shapes of the profile
 from flax import nnx
 
@@ -30,7 +32,7 @@ from jaxsocial.generation import SamplingConfig, generate
 from jaxsocial.models import llama
 
 ROWS = {
-    "issue": dict(shape="small_20m", batch=32, prompt=128, new=64),
+    "topk": dict(shape="small_20m", batch=32, prompt=128, new=64),
     "smol": dict(shape="smollm2_135m", batch=16, prompt=64, new=128),
     "long": dict(shape="small_20m", batch=32, prompt=64, new=512),
 }
@@ -65,18 +67,20 @@ def run_row(name: str, buckets: list, repeats: int) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", default="issue,smol,long")
+    ap.add_argument("--rows", default="topk,smol,long")
     ap.add_argument("--buckets", default="2,4,8", help="settings timed against 1")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no_record", action="store_true", help=NO_RECORD_HELP)
     args = ap.parse_args()
     buckets = [1] + [int(b) for b in args.buckets.split(",") if int(b) != 1]
     print(f"# jax {jax.__version__} on {jax.default_backend()}; seconds per generate call "
           f"(best of {args.repeats}); ratio = one loop / segments")
     print(f"{'row':6} {'batch':>5} {'prompt':>6} {'new':>4} {'1 bucket':>9} "
           + " ".join(f"{f'{b} buckets':>17}" for b in buckets[1:]))
-    last = None
+    last, rows = None, {}
     for name in args.rows.split(","):
         s = run_row(name, buckets, args.repeats)
+        rows[name] = {**ROWS[name], "seconds": s}
         row = ROWS[name]
         cells = " ".join(f"{s[b]:>9.3f} ({s[1] / s[b]:4.2f}x)" for b in buckets[1:])
         print(f"{name:6} {row['batch']:>5} {row['prompt']:>6} {row['new']:>4} {s[1]:>9.3f} "
@@ -84,6 +88,9 @@ def main():
         last = s
     top = buckets[-1]
     print(f"one_bucket_s={last[1]:.3f} buckets_s={last[top]:.3f} ratio={last[1] / last[top]:.2f}")
+    finish("decode_buckets", {"one_bucket_s": last[1], "buckets_s": last[top],
+                              "ratio": last[1] / last[top], "buckets": top, "rows": rows},
+           record=not args.no_record)
 
 
 if __name__ == "__main__":

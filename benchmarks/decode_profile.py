@@ -15,8 +15,9 @@ For each row it times, best of `--repeats`, after a warm-up call:
 - `attention`: `forward` against all S cache slots minus `forward` against an 8-slot cache
   (what attending to every slot costs);
 - `live_prefix`: `forward` attending only to the first P + N/2 slots (`kv_limit`, the mean
-  live prefix of the loop), against the same full cache: what item 3 of issue 19 would give
-  the decode (on XLA:CPU the slice of the cache is copied before the dot, so it can cost more);
+  live prefix of the loop), against the same full cache: what attending to the filled slots
+  only would give the decode (on XLA:CPU the slice of the cache is copied before the dot, so it
+  can cost more);
 - `cache_update`: writing one k/v slot per layer into the [B, S, K, D] buffers;
 - `sampling`: `sampling.sample` on [B, V] logits with the row's SamplingConfig;
 - `grammar`: gathering a [B, V] allowed mask from a 64-state table and masking the logits;

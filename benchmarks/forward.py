@@ -4,12 +4,13 @@
     python benchmarks/forward.py --preset tiny --batch 4 --seq 64 --repeats 3
 
 The weights go through our `save_pretrained` -> transformers' `from_pretrained`, and the two
-logits are compared before timing (max abs difference printed). Both sides run float32 on CPU
-with their default thread pools; compile / warm-up calls are excluded; the two are timed
-alternately and the median of `--repeats` calls each is kept. ratio = ours_s / torch_s
-(below 1: ours is faster). On a shared, oversubscribed CPU PyTorch's multi-threaded kernels can
-stall badly; `--torch_threads 1` pins it to one thread (the printout says which was used).
-Last line: `ours_s=... torch_s=... ratio=...`.
+logits are compared before timing (max abs difference printed). Fair by default: both sides
+run float32 on CPU, the same batch, and PyTorch gets as many threads as JAX has cores
+(`--torch_threads 0`; fewer is printed and recorded as a handicap); each side has one untimed
+call first (ours: the compile); the two are timed alternately and the median of `--repeats`
+calls each is kept. ratio = ours_s / torch_s (below 1: ours is faster).
+Summary line: `ours_s=... torch_s=... ratio=...`, then `result: <file>` (benchmarks/results/)
+and the machine line, last.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from common import NO_RECORD_HELP, finish, resolve_threads, thread_handicap  # benchmarks/
 from flax import nnx
 
 from jaxsocial.models import checkpoint_hf, llama
@@ -40,14 +42,19 @@ def main():
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--torch_threads", type=int, default=0, help="0: PyTorch's default")
+    parser.add_argument("--torch_threads", type=int, default=0,
+                        help="PyTorch's intra-op threads (0, default: as many as JAX has cores; "
+                             "fewer is a handicap, printed and recorded)")
+    parser.add_argument("--no_record", action="store_true", help=NO_RECORD_HELP)
     args = parser.parse_args()
 
     import torch
     import transformers
 
-    if args.torch_threads > 0:
-        torch.set_num_threads(args.torch_threads)
+    torch.set_num_threads(resolve_threads(args.torch_threads))
+    handicap = thread_handicap(torch.get_num_threads())
+    if handicap:
+        print(handicap, flush=True)
 
     cfg = llama.preset(args.preset)
     model = llama.init(cfg, seed=args.seed)
@@ -97,6 +104,12 @@ def main():
     print(f"ours (jax.jit):     {ours_s * 1e3:9.1f} ms  ({tokens / ours_s:,.0f} tokens/s)")
     print(f"torch (eager, CPU): {torch_s * 1e3:9.1f} ms  ({tokens / torch_s:,.0f} tokens/s)")
     print(f"ours_s={ours_s:.4f} torch_s={torch_s:.4f} ratio={ours_s / torch_s:.3f}")
+    finish("forward", {"ours_s": ours_s, "torch_s": torch_s, "ratio": ours_s / torch_s,
+                       "ours_tok_s": tokens / ours_s, "torch_tok_s": tokens / torch_s,
+                       "max_abs_logit_diff": diff, "compile_s": compile_s,
+                       "torch_threads": torch.get_num_threads(), "handicap": handicap,
+                       "preset": args.preset, "batch": args.batch, "seq": args.seq},
+           record=not args.no_record)
 
 
 if __name__ == "__main__":

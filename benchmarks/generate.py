@@ -5,7 +5,7 @@
     python benchmarks/generate.py --preset llama3_8b --batch 196 --dtype bfloat16 --skip_hf \
         --rows=topk                                        # H200
 
-Rows (issue 19's targets): `topk` = `--preset` (small_20m), batch 32, prompt 128, 64 new,
+Rows: `topk` = `--preset` (small_20m), batch 32, prompt 128, 64 new,
 T=1 top-k 50 top-p 0.95; `temperature` = the same with temperature only; `smol` = SmolLM2-135M's
 shapes (random weights: speed does not depend on them, and no row stops early), batch 16, prompt
 64, 128 new (decode-heavy). One line per row, then the CPU roofline of each row's decode: FLOPs
@@ -15,12 +15,16 @@ our decode-only tokens/s over that bound; `floor_tok_s` = the fastest the row co
 XLA's dense products as they run here and every other part at its floor (`floor_seconds`), and
 `floor_ratio` that over HF: the most any change outside XLA's matmuls could reach.
 
-Both sides sample (temperature 1, top-k 50, top-p 0.95) for exactly `--new` tokens (no stop
-ids), from the same random left-padded prompts; compile / warm-up calls are excluded and the
-best of `--repeats` timed calls is kept. tokens/s = batch * new / seconds (prefill included).
+Fair by default: both sides sample with the row's settings (temperature 1, top-k / top-p as
+the row says) for exactly the row's new tokens (no stop ids), from the same random left-padded
+prompts, in the same dtype (`--dtype`: HF loads our weights in it too), with as many threads as
+JAX has cores (`--hf_threads 0`; fewer is printed and recorded as a handicap); each side has one
+untimed warm-up call (ours: the compile) and the best of `--repeats` timed calls is kept.
+tokens/s = batch * new / seconds (prefill included).
 Also prints the analytic decode roofline of Llama-3-8B on one H200: per decode step every
 weight byte and every cached K/V byte is read once, so step time >= bytes / HBM bandwidth.
-Last line: `ours_tok_s=... hf_tok_s=... ratio=...` of the first row.
+Summary line: `ours_tok_s=... hf_tok_s=... ratio=...` of the first row, then `result: <file>`
+(benchmarks/results/) and the machine line, last.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from common import NO_RECORD_HELP, finish, resolve_threads, thread_handicap  # benchmarks/
 from decode_profile import best, dense_matmuls  # benchmarks/: the profile's parts
 from flax import nnx
 
@@ -43,16 +48,16 @@ from jaxsocial.models import checkpoint_hf, llama
 generate_module = importlib.import_module("jaxsocial.generation.generate")
 
 
-def torch_model(model: llama.Llama, directory: str = ""):
+def torch_model(model: llama.Llama, directory: str = "", dtype: str = "float32"):
     """transformers LlamaForCausalLM holding `model`'s weights: `checkpoint_hf.save_pretrained` then
-    `LlamaForCausalLM.from_pretrained` (float32, eval mode). `directory`: where the checkpoint
-    is written and kept (default: a temporary folder, removed)."""
+    `LlamaForCausalLM.from_pretrained` (in `dtype`, eval mode). `directory`: where the
+    checkpoint is written and kept (default: a temporary folder, removed)."""
     import torch
     from transformers import LlamaForCausalLM
 
     def load(d):
         checkpoint_hf.save_pretrained(model, d)
-        return LlamaForCausalLM.from_pretrained(d, dtype=torch.float32,
+        return LlamaForCausalLM.from_pretrained(d, dtype=getattr(torch, dtype),
                                                 local_files_only=True).eval()
 
     if directory:
@@ -185,9 +190,8 @@ def run_row(name, spec, args, peaks) -> dict:
                                                        prompt + new / 2, peaks[1], args.repeats)
     if not args.skip_hf:
         import torch
-        if args.hf_threads:
-            torch.set_num_threads(args.hf_threads)
-        tm = torch_model(model)
+        torch.set_num_threads(resolve_threads(args.hf_threads))
+        tm = torch_model(model, dtype=args.dtype)  # the same dtype as ours
         t_ids = torch.from_numpy(ids.astype(np.int64))
         t_mask = torch.from_numpy(mask.astype(np.int64))
         kw = dict(do_sample=True, temperature=1.0, max_new_tokens=new, min_new_tokens=new,
@@ -237,7 +241,9 @@ def main():
     ap.add_argument("--dtype", default="float32", help="compute/param dtype of our model")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--hf_threads", type=int, default=0,
-                    help="torch intra-op threads for the peer (0 = torch's default)")
+                    help="torch intra-op threads for the peer (0, default: as many as JAX has "
+                         "cores, so both sides get the same cores; fewer is a handicap, printed "
+                         "and recorded)")
     ap.add_argument("--skip_hf", action="store_true", help="no PyTorch peer (e.g. on a GPU box)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--scan_layers", action="store_true",
@@ -247,7 +253,11 @@ def main():
     ap.add_argument("--device_peaks", default="",
                     help="TFLOPS,GB_S: the accelerator's peak compute and memory bandwidth for "
                          "decode_share (e.g. 989,4800 on an H200); on a CPU they are measured")
+    ap.add_argument("--no_record", action="store_true", help=NO_RECORD_HELP)
     args = ap.parse_args()
+    handicap = None if args.skip_hf else thread_handicap(resolve_threads(args.hf_threads))
+    if handicap:
+        print(handicap, flush=True)
 
     on_cpu = jax.devices()[0].platform == "cpu"
     peaks = machine_peaks(args.dtype) if on_cpu else None
@@ -281,6 +291,10 @@ def main():
           f"step -> {r['step_ms']:.2f} ms/step -> {r['tok_s']:.0f} decode tok/s upper bound")
     h = results[0]
     print(f"ours_tok_s={h['ours_tok_s']:.1f} hf_tok_s={h['hf_tok_s']:.1f} ratio={h['ratio']:.2f}")
+    finish("generate", {"ours_tok_s": h["ours_tok_s"], "hf_tok_s": h["hf_tok_s"],
+                        "ratio": h["ratio"], "dtype": args.dtype, "handicap": handicap,
+                        "rows": results, "h200_roofline_llama3_8b": r},
+           record=not args.no_record)
 
 
 if __name__ == "__main__":

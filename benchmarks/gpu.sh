@@ -21,8 +21,11 @@ SMOKE=0
 # 3 x 150 s on the GPU; on a CPU (smoke) compiling dominates, so allow more.
 ROW_TIMEOUT=${ROW_TIMEOUT:-$([[ $SMOKE == 1 ]] && echo 1800 || echo 150)}
 
+# generate.py's result file (benchmarks/results/README.md) goes beside the logs; none for a smoke.
+export JAXSOCIAL_BENCH_RESULTS=${JAXSOCIAL_BENCH_RESULTS:-$OUT/results}
 if [[ $SMOKE == 1 ]]; then
   export JAX_PLATFORMS=cpu
+  export JAXSOCIAL_NO_RECORD=1
   COMMON=(--config=configs/general.py:smoke --repeats=1 --peak_tflops=0.1)
   SMOL=(--config.model.preset=tiny)          # no download on CPU: the tiny model stands in
   ONEB=(--config.model.preset=tiny --config.agents.num_agents=8)
@@ -68,7 +71,7 @@ else
 fi
 row llama3_2_1b_random "${ONEB[@]}"
 
-# Decode against the roofline (issue 19): a llama3_2_1b-shaped random model, 196 rows (general.py's
+# Decode against the roofline: a llama3_2_1b-shaped random model, 196 rows (general.py's
 # agents), T=1 top-k 50 top-p 0.95, bf16; decode_share = decode tokens/s over the bound from the
 # device's peak FLOP/s and HBM bandwidth (PEAK_TFLOPS, HBM_GB_S; H200: 989, 4800).
 if [[ $SMOKE == 1 ]]; then

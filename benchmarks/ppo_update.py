@@ -4,8 +4,9 @@ One "full update" = the rollout scoring pass (policy log-probs + value head, ref
 log-probs: two forwards) + the PPO update (forward, backward, clip + AdamW step, NaN guard),
 on a batch of 32 x (128 prompt + 64 response) tokens. Tokens/s counts prompt + response
 tokens of the batch per full update. The peer, measured in the same run, is a plain SFT step
-(cross-entropy forward + backward + the same optimizer) on the same tokens: the ratio is the
-cost of PPO's extra machinery.
+(cross-entropy forward + backward + the same optimizer) on the same tokens, in the same
+process, dtype and batch, also timed as the median of `--iters` calls after one warm-up call:
+the ratio is the cost of PPO's extra machinery.
 
     python benchmarks/ppo_update.py [--batch 32 --prompt_len 128 --response_len 64 \
         --epochs 1 --iters 3 --preset small_20m]
@@ -13,13 +14,15 @@ cost of PPO's extra machinery.
 Memory (`--memory`): XLA's own count (`jit(update).lower(...).compile().memory_analysis()`,
 temp / argument / output bytes) of the compiled PPO update, compiled only (nothing runs), for
 the chunked log-probs (auto chunk and `--logits_chunk`), with micro-batches (`--micro_batch`)
-and, as the "before" row, one chunk spanning the whole response (= the old full [B, R, V]
-logits path). Issue 12's shape: vocab 49,152, 64 sequences of 128 prompt + 128 response tokens:
+and, as the baseline row, one chunk spanning the whole response (= the full [B, R, V] logits
+in one piece). A SmolLM2-sized vocabulary (49,152), 64 sequences of 128 prompt + 128 response
+tokens:
 
     python benchmarks/ppo_update.py --memory --preset tiny --vocab 49152 --batch 64 \
         --prompt_len 128 --response_len 128
 
-Last line: one JSON object (machine-readable).
+Summary line: one JSON object (machine-readable), then `result: <file>` (benchmarks/results/)
+and the machine line, last.
 """
 import json
 import resource
@@ -30,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from absl import app, flags
+from common import NO_RECORD_HELP, finish  # benchmarks/: the result file
 from flax import nnx
 
 from jaxsocial.generation import scoring
@@ -51,6 +55,7 @@ flags.DEFINE_bool("memory", False, "only report XLA memory_analysis of the compi
 flags.DEFINE_integer("logits_chunk", 32, "--memory: explicit chunk row (positions per chunk)")
 flags.DEFINE_integer("micro_batch", 16, "--memory: micro-batch row (rows per micro-batch)")
 flags.DEFINE_float("target_gib", 2.0, "--memory: the target for XLA temp bytes")
+flags.DEFINE_bool("no_record", False, NO_RECORD_HELP)
 
 
 def _trajectory(b, p, r, v, key):
@@ -74,7 +79,7 @@ def memory_main():
     pdef, params, ref = policy_lib.init_policy(model)
     del model
     traj = _trajectory(b, p, r, v, jax.random.PRNGKey(1))
-    rows = [("full logits (one chunk = whole response; the old path)", dict(logits_chunk=r)),
+    rows = [("full logits (one chunk = whole response)", dict(logits_chunk=r)),
             ("chunked, auto chunk", dict()),
             (f"chunked, {FLAGS.logits_chunk} positions per chunk",
              dict(logits_chunk=FLAGS.logits_chunk)),
@@ -102,9 +107,11 @@ def memory_main():
           f"{'met' if out['chunked, auto chunk'] < FLAGS.target_gib else 'NOT met'} "
           f"(auto chunk {out['chunked, auto chunk']:.3f} GiB, best {best:.3f} GiB; full logits "
           f"{out[rows[0][0]]:.3f} GiB)")
-    print(json.dumps({"benchmark": "ppo_update_memory", "preset": FLAGS.preset, "vocab": v,
-                      "batch": b, "prompt_len": p, "response_len": r,
-                      "xla_temp_gib": out}))
+    figures = {"benchmark": "ppo_update_memory", "preset": FLAGS.preset, "vocab": v,
+               "batch": b, "prompt_len": p, "response_len": r, "xla_temp_gib": out,
+               "target_gib": FLAGS.target_gib}
+    print(json.dumps(figures))
+    finish("ppo_update_memory", figures, record=not FLAGS.no_record)
 
 
 def timed(fn, iters):
@@ -195,7 +202,7 @@ def main(_):
           + (f", device peak {device_peak / 2**20:.0f} MiB" if device_peak else ""))
     print(f"sanity: first-ratio approx_kl {float(metrics['approx_kl']):.2e}, "
           f"skipped steps {float(metrics['skipped_steps']):.0f}")
-    print(json.dumps({
+    figures = {
         "benchmark": "ppo_update", "preset": FLAGS.preset, "backend": jax.default_backend(),
         "batch": b, "prompt_len": p, "response_len": r, "epochs": cfg.ppo_epochs,
         "tokens_per_s": round(tokens / t_full, 1),
@@ -205,7 +212,9 @@ def main(_):
         "full_over_sft": round(t_full / t_sft, 3),
         "xla_temp_mib": round(xla_temp / 2**20, 1), "peak_rss_mib": round(rss_peak_mb, 1),
         "device_peak_mib": round(device_peak / 2**20, 1),
-    }))
+    }
+    print(json.dumps(figures))
+    finish("ppo_update", figures, record=not FLAGS.no_record)
 
 
 if __name__ == "__main__":

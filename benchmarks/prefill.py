@@ -1,5 +1,5 @@
-"""The prefill in chunks (issue 19 item 3): time and XLA memory of `generate`'s prefill program,
-one forward over the whole prompt against chunks that attend only to the filled slots.
+"""The prefill in chunks: time and XLA memory of `generate`'s prefill program, one forward over
+the whole prompt against chunks that attend only to the filled slots.
 
     python benchmarks/prefill.py                      # both tables, one process
     python benchmarks/prefill.py --skip_memory --preset small_20m --batch 32 --prompt 128
@@ -9,8 +9,9 @@ prompt + `--new` slots, best of `--repeats` after a warm-up, for each `SamplingC
 prefill_chunk` in `--chunks` (0 = the whole prompt in one forward, the peer).
 Memory: XLA's temp bytes of the compiled prefill (`memory_analysis`, nothing run) of the `tiny`
 preset, batch 2, prompts of 512-4096 tokens, for (model.attention_chunk, prefill_chunk) in
-(0, 0), (0, 64) and (64, 64). The last line is `whole_ms= chunked_ms= ratio=` (the first
-chunked setting against the whole prompt).
+(0, 0), (0, 64) and (64, 64). Both settings run in one process on the same cores, dtype and
+batch. Summary line: `whole_ms= chunked_ms= ratio=` (the first chunked setting against the
+whole prompt), then `result: <file>` (benchmarks/results/) and the machine line, last.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import importlib
 import jax
 import jax.numpy as jnp
 import numpy as np
+from common import NO_RECORD_HELP, finish  # benchmarks/: the result file
 from decode_profile import best  # benchmarks/: best of n after a warm-up call
 from flax import nnx
 
@@ -63,6 +65,7 @@ def main():
     ap.add_argument("--chunks", default="0,64,32", help="prefill_chunk values; 0 first")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--skip_memory", action="store_true")
+    ap.add_argument("--no_record", action="store_true", help=NO_RECORD_HELP)
     a = ap.parse_args()
     chunks = [int(c) for c in a.chunks.split(",")]
     if chunks[0] != 0 or len(chunks) < 2:
@@ -75,16 +78,22 @@ def main():
         plan = SamplingConfig(prefill_chunk=c).prefill_chunks(a.prompt)
         print(f"prefill_chunk={c:<4d} forwards={len(plan)} ms={ms[c]:.1f} "
               f"vs_whole={ms[0] / ms[c]:.2f}x", flush=True)
+    temp = {}
     if not a.skip_memory:
         prompts = (512, 1024, 2048, 4096)
         print("# XLA temp MiB of the prefill, tiny preset, batch 2, prompt = " +
               " / ".join(map(str, prompts)))
         for ac, pc in ((0, 0), (0, 64), (64, 64)):
             row = [temp_mib(ac, pc, p) for p in prompts]
+            temp[f"attention_chunk={ac} prefill_chunk={pc}"] = dict(zip(map(str, prompts), row))
             print(f"attention_chunk={ac:<3d} prefill_chunk={pc:<3d} temp_mib="
                   + " / ".join(f"{r:.1f}" for r in row), flush=True)
     c = chunks[1]
     print(f"whole_ms={ms[0]:.1f} chunked_ms={ms[c]:.1f} ratio={ms[0] / ms[c]:.2f}")
+    finish("prefill", {"whole_ms": ms[0], "chunked_ms": ms[c], "ratio": ms[0] / ms[c],
+                       "prefill_chunk": c, "ms_by_chunk": ms, "xla_temp_mib": temp,
+                       "preset": a.preset, "batch": a.batch, "prompt": a.prompt},
+           record=not a.no_record)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
     python benchmarks/rl_step.py                       # GRPO: ours vs TRL; PPO: ours
     python benchmarks/rl_step.py --steps 3 --skip_trl  # ours only
 
-Setting (issue 19 item 5): preset `small_20m` (float32, random weights, gradient
+Setting: preset `small_20m` (float32, random weights, gradient
 checkpointing off on both sides), 4 prompts x 8 samples, 128 prompt + 64 new tokens (no stop
 token: every response has 64 tokens; TRL: min_new_tokens=64), lr 1e-5, KL beta 0.04 (k3),
 clip 0.2, one optimisation epoch of one minibatch, temperature 1, no top-k / top-p. Reward
@@ -13,24 +13,38 @@ clip 0.2, one optimisation epoch of one minibatch, temperature 1, no top-k / top
 One step = generation (sampling the 32 responses) + scoring (reward, old / reference
 log-probs, values) + update (forward, backward, clip + AdamW). Ours: `generate`, then
 `policy.score_batch` with the rollout's log-probs (`old_logprobs="auto"`: reused in float32,
-so only the reference forward runs for GRPO) and `prompt_group=8` (each prompt's forward once
-per group of 8 samples, in generation's prefill, in scoring and in the update), then
-`grpo.make_update` / `ppo.make_update`. TRL: `GRPOTrainer.train(max_steps=warmup + steps)` on an HF
-`LlamaForCausalLM` holding the same weights; its phases are timed by wrapping
-`_generate` (generation), `_generate_and_score_completions` (minus generation = scoring:
-rewards + reference forward; with one iteration TRL skips the old-log-prob forward) and the
-step callbacks (the rest = update). Each side: `--warmup` untimed steps, then the median of
-`--steps` steps; ours GRPO runs before and after TRL and the two runs are pooled (the load
-of a shared machine drifts). Ours: `--ablate` also times the step without prompt sharing and with
-re-scoring (what each change buys).
+so only the reference forward runs for GRPO), then `grpo.make_update` / `ppo.make_update`.
+TRL: `GRPOTrainer.train(max_steps=warmup + steps)` on an HF `LlamaForCausalLM` holding the
+same weights; its phases are timed by wrapping `_generate` (generation),
+`_generate_and_score_completions` (minus generation = scoring: rewards + reference forward;
+with one iteration TRL skips the old-log-prob forward) and the step callbacks (the rest =
+update). Each side: `--warmup` untimed steps, then the median of `--steps` steps; each of our
+GRPO rows runs before and after TRL and the two runs are pooled (the load of a shared machine
+drifts).
+
+Fair by default: TRL gets as many torch threads as JAX has cores (`--torch_threads 0`);
+a smaller `--torch_threads` is printed and recorded as a handicap. Both sides float32, the
+same batch, the same sampling (T=1, no top-k / top-p, exactly `--new` tokens). On a loaded
+machine torch's OpenMP threads can degrade badly (at load ~5 on 2 cores a TRL step took 56 s
+with 2 threads, 18 s with 1), so measure at idle; to compare on fewer cores, restrict both
+sides alike (`taskset -c 0 python benchmarks/rl_step.py`: JAX and torch then see one core).
+
+Prompt sharing: ours can run each prompt's forward once per group of `--group` samples
+(`prompt_group`, in generation's prefill, in scoring and in the update), which TRL does not
+do, and which the social loop cannot use (its prompts all differ). So every GRPO and PPO row is
+printed twice, each with its ratio to TRL: with prompt sharing (`prompt_group=--group`) and
+without it (`prompt_group=0`, as the social loop runs). `--ablate` adds a row without sharing
+and with re-scoring (the old log-probs recomputed by a forward instead of reused).
 
 PPO: trl 1.16.0 has no `PPOTrainer` (it was removed from trl; nothing in `trl.experimental`
 either), so our PPO step (value head on the policy trunk, GAE, clipped value loss) is timed
 alone and compared against TRL's GRPO step as the nearest peer (TRL's PPO did strictly more
 work than its GRPO: policy + value + reference forwards and a value backward).
 
-Last line: `ours_step_s=... trl_step_s=... ratio=...` (GRPO; ratio = trl / ours, > 1: ours
-is faster).
+Summary line: `ours_step_s=... trl_step_s=... ratio=... ours_unshared_step_s=...
+ratio_unshared=...` (GRPO; ratio = trl / ours, > 1: ours is faster; `ours_step_s` with prompt
+sharing, `ours_unshared_step_s` without), then `result: <file>` (benchmarks/results/) and the
+machine line, last.
 """
 from __future__ import annotations
 
@@ -44,6 +58,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from common import NO_RECORD_HELP, finish, resolve_threads, thread_handicap  # benchmarks/
 from flax import nnx
 from generate import torch_model  # benchmarks/: our weights in a transformers Llama
 
@@ -146,8 +161,7 @@ def trl_steps(args, model: llama.Llama, prompts: np.ndarray) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
+    torch.set_num_threads(torch_threads(args))
 
     vocab = model.config.vocab_size
     tok = word_tokenizer(vocab)
@@ -226,7 +240,7 @@ def row(name, t):
             f"  (steps: {', '.join(f'{x:.2f}' for x in t['step'])})")
 
 
-def main():
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="small_20m")
     ap.add_argument("--prompts", type=int, default=4)
@@ -239,16 +253,37 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--torch_threads", type=int, default=1,
-                    help="torch.set_num_threads for TRL (0 = torch's default, one per core). 1 "
-                         "by default: on a shared machine torch's OpenMP threads degrade badly "
-                         "(measured at load ~5 on 2 cores: 56 s per TRL step with 2 threads, "
-                         "18 s with 1)")
+    ap.add_argument("--torch_threads", type=int, default=0,
+                    help="torch.set_num_threads for TRL. 0 (default): as many threads as JAX "
+                         "has cores (this process's CPU affinity), so both sides get the same "
+                         "cores. A smaller count handicaps TRL; the printout and the result "
+                         "file say so")
     ap.add_argument("--skip_trl", action="store_true")
     ap.add_argument("--skip_ppo", action="store_true")
     ap.add_argument("--ablate", action="store_true",
-                    help="also time ours without prompt sharing / with re-scoring")
-    args = ap.parse_args()
+                    help="also time ours without prompt sharing and with re-scoring")
+    ap.add_argument("--no_record", action="store_true", help=NO_RECORD_HELP)
+    return ap
+
+
+def torch_threads(args) -> int:
+    """TRL's torch threads: `--torch_threads`, or 0 -> as many as JAX has cores."""
+    return resolve_threads(args.torch_threads)
+
+
+# (result key, printed name, algorithm, prompt_group of `--group` (True) or none, old log-probs)
+ROWS = (("ours_grpo", "ours GRPO, prompt sharing", "grpo", True, "auto"),
+        ("ours_grpo_unshared", "ours GRPO, no prompt sharing", "grpo", False, "auto"))
+PPO_ROWS = (("ours_ppo", "ours PPO, prompt sharing", "ppo", True, "auto"),
+            ("ours_ppo_unshared", "ours PPO, no prompt sharing", "ppo", False, "auto"))
+ABLATE_ROWS = (("ours_grpo_unshared_rescored", "ours GRPO, no sharing, re-scored", "grpo",
+                False, "rescore"),)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    threads = torch_threads(args)
+    handicap = None if args.skip_trl else thread_handicap(threads)
 
     cfg = llama.preset(args.preset, dtype="float32", param_dtype="float32")
     model = llama.Llama(cfg, rngs=nnx.Rngs(args.seed))
@@ -258,42 +293,56 @@ def main():
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; {args.prompts} prompts x "
           f"{args.group} samples x ({args.prompt_len} prompt + {args.new} new tokens); lr "
           f"{args.lr}, beta {args.beta} (k3), clip {args.clip}; median of {args.steps} steps "
-          f"after {args.warmup} warm-up")
+          f"after {args.warmup} warm-up; TRL: {threads} torch threads")
+    if handicap:
+        print(handicap, flush=True)
+
+    def run(spec):
+        key, name, algo, share, old = spec
+        t = ours_steps(args, model, prompts, algo, prompt_group=args.group if share else 0,
+                       old_logprobs=old)
+        print(row(name, t), flush=True)
+        return t
+
     res = {}
-    res["ours_grpo"] = ours_steps(args, model, prompts, "grpo", prompt_group=args.group,
-                                  old_logprobs="auto")
-    print(row("ours GRPO", res["ours_grpo"]), flush=True)
-    if args.ablate:
-        for name, pg, ol in (("ours GRPO, no prompt sharing", 0, "auto"),
-                             ("ours GRPO, no sharing, re-scored", 0, "rescore")):
-            res[name] = ours_steps(args, model, prompts, "grpo", prompt_group=pg,
-                                   old_logprobs=ol)
-            print(row(name, res[name]), flush=True)
+    grpo_rows = ROWS + (ABLATE_ROWS if args.ablate else ())
+    for spec in grpo_rows:
+        res[spec[0]] = run(spec)
     if not args.skip_ppo:
-        res["ours_ppo"] = ours_steps(args, model, prompts, "ppo", prompt_group=args.group,
-                                     old_logprobs="auto")
-        print(row("ours PPO (value head)", res["ours_ppo"]), flush=True)
+        for spec in PPO_ROWS:
+            res[spec[0]] = run(spec)
     trl = float("nan")
     if not args.skip_trl:
         res["trl_grpo"] = trl_steps(args, model, prompts)
         print(row(f"TRL GRPOTrainer ({res['trl_grpo']['threads']} torch threads)",
                   res["trl_grpo"]), flush=True)
         trl = med(res["trl_grpo"]["step"])
-        if "ours_ppo" in res:
-            print(f"PPO: no PPOTrainer in trl 1.16.0; TRL GRPO step / our PPO step = "
-                  f"{trl / med(res['ours_ppo']['step']):.2f}")
-        # Load drifts on a shared machine: time ours again after TRL and pool both runs.
-        after = ours_steps(args, model, prompts, "grpo", prompt_group=args.group,
-                           old_logprobs="auto")
-        print(row("ours GRPO (again, after TRL)", after), flush=True)
-        for k in ("generation", "scoring", "update", "step"):
-            res["ours_grpo"][k] = res["ours_grpo"][k] + after[k]
-        print(row("ours GRPO (both runs pooled)", res["ours_grpo"]), flush=True)
-    ours = med(res["ours_grpo"]["step"])
+        # Load drifts on a shared machine: time our GRPO rows again after TRL, pool both runs.
+        for spec in grpo_rows:
+            key, name = spec[:2]
+            after = run((key, name + " (again, after TRL)") + spec[2:])
+            for k in ("generation", "scoring", "update", "step"):
+                res[key][k] = res[key][k] + after[k]
+            print(row(name + " (both runs pooled)", res[key]), flush=True)
+    ratios = {}
+    for key, name, *_ in grpo_rows + (() if args.skip_ppo else PPO_ROWS):
+        ratios[key] = trl / med(res[key]["step"])
+        print(f"TRL GRPO step / {name} step = {ratios[key]:.2f}"
+              + (" (no PPOTrainer in trl 1.16.0: TRL's GRPO is the nearest peer)"
+                 if key.startswith("ours_ppo") else ""))
     print(f"sanity: ours GRPO first ratio {res['ours_grpo']['sanity']}")
-    print(json.dumps({k: {p: (med(v) if isinstance(v, list) else v) for p, v in t.items()}
-                      for k, t in res.items()}))
-    print(f"ours_step_s={ours:.3f} trl_step_s={trl:.3f} ratio={trl / ours:.2f}")
+    summary = {k: {p: (med(v) if isinstance(v, list) else v) for p, v in t.items()}
+               for k, t in res.items()}
+    print(json.dumps(summary))
+    ours, unshared = med(res["ours_grpo"]["step"]), med(res["ours_grpo_unshared"]["step"])
+    print(f"ours_step_s={ours:.3f} trl_step_s={trl:.3f} ratio={trl / ours:.2f} "
+          f"ours_unshared_step_s={unshared:.3f} ratio_unshared={trl / unshared:.2f}")
+    figures = {"ours_step_s": ours, "trl_step_s": trl, "ratio": trl / ours,
+               "ours_unshared_step_s": unshared, "ratio_unshared": trl / unshared,
+               "ratios_to_trl": ratios, "torch_threads": None if args.skip_trl else threads,
+               "handicap": handicap, "rows": summary}
+    finish("rl_step", figures, record=not args.no_record,
+           argv=None if argv is None else ["benchmarks/rl_step.py", *argv])
 
 
 if __name__ == "__main__":

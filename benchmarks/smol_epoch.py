@@ -11,8 +11,8 @@ encoder. Epoch 1 includes compiling the rollout, scoring and update programs; "u
 scoring + PPO update (the epoch's wall time minus its rollout). The runner's checkpoint writes
 are not included. The machine's 1-minute load average is printed at start and end (timings on
 a shared machine are indicative only; process CPU seconds are printed beside them: on an idle
-2-core machine wall time lies between half of and all of the CPU time). Last line: one JSON
-object.
+2-core machine wall time lies between half of and all of the CPU time). Summary line: one JSON
+object, then `result: <file>` (benchmarks/results/) and the machine line, last.
 """
 import importlib.util
 import json
@@ -21,11 +21,13 @@ import resource
 import time
 
 from absl import app, flags
+from common import NO_RECORD_HELP, finish  # benchmarks/: the result file
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("epochs", 0, "epochs to run (0 = the config's train.epochs)")
 flags.DEFINE_string("variant", "", "config variant (e.g. smoke)")
 flags.DEFINE_multi_string("set", [], "config override key=value (python literal values)")
+flags.DEFINE_bool("no_record", False, NO_RECORD_HELP)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -94,6 +96,8 @@ def main(_):
                load_start=round(load0, 1),
                load_end=round(os.getloadavg()[0], 1), overrides=FLAGS.set)
     print(json.dumps(out))
+    out["epochs_detail"] = rows
+    finish("smol_epoch", out, record=not FLAGS.no_record)
 
 
 if __name__ == "__main__":

@@ -10,16 +10,19 @@ resolution); the metrics pass (two Gini sorts of N / P values) is timed separate
 from configs/million.py (`society_config(n)`): ~5% of users active per tick, C = 192 top + 64
 random posts.  Each N runs in its own process so peak RSS is per size; compile and the first
 tick are excluded, the median of `--ticks` ticks is kept.  The peer, measured in the same run at
-the smallest N: OASIS's dense personalized recommender (cosine of every user x every post, then
-top-k: the users x posts matrix our recsys avoids) on the same embeddings, jitted; skipped when
-the smallest N is over 20,000 (that matrix would not fit).
+the smallest N: OASIS's dense personalized recommender's formula (cosine of every user x every
+post, then top-k: the users x posts matrix our recsys avoids) written here in JAX, jitted, on the
+same embeddings and the same cores, median of `--ticks` calls after a warm-up call -- OASIS's
+formula as written here, not OASIS's code; skipped when the smallest N is over 20,000 (that
+matrix would not fit).
 slope = least-squares d log(seconds) / d log(N) over the sizes.
 `--recsys` (default twitter) runs every size with each named recommender (configs/million.py's
 sizes; twhin scores `twhin_candidates` = 4,000 random posts, as OASIS does), back to back, one
 process per (N, recsys); with several, a line per N gives each one's tick / the first one's.
-Last line: `n=<largest N> seconds_per_tick=... peak_rss_gb=... slope=...` (of the last recsys).
+Summary line: `n=<largest N> seconds_per_tick=... peak_rss_gb=... slope=...` (of the last
+recsys), then `result: <file>` (benchmarks/results/) and the machine line, last.
 
-Recommender alone, every user, against OASIS (issue #19):
+Recommender alone, every user, against OASIS's reddit formulas as NumPy written here:
 
     python benchmarks/society_scale.py --recsys=reddit --k=100 --all_users      # 1e4, 1e5
 
@@ -28,15 +31,19 @@ random author and having seen its first feed -- `mark_seen` of one `recommend` r
 seen ring is full of top posts), then times `recsys.recommend` for all N users at once (jitted,
 compile excluded, median of `--calls` calls; no chunking: reddit's largest intermediates are
 `[N, K]` and `[N, S + 20]`, about 40 MB each at 1e5).  reddit also times, in the same process,
-the per-user top-k path the sorted-pool path replaced ("topk_s",
-`recsys._recommend(..., sorted_pool=False)`) and a NumPy / standard-library rendering of
-OASIS's reddit recommender over the same posts: parse every post's creation time from its
+the per-user top-k path instead of the sorted pool ("topk_s",
+`recsys._recommend(..., sorted_pool=False)`) and OASIS's reddit recommender's formulas as NumPy
+/ standard-library code written here (not OASIS's code, which reads and writes its sqlite
+tables around them), over the same posts: parse every post's creation time from its
 sqlite-style string ("%Y-%m-%d %H:%M:%S.%f", one `datetime.strptime` per post, as OASIS reads
 its post table), hot score (NumPy, rounded to 7 decimals), one `heapq.nlargest` top-k, the same
 list handed to every user (`[top] * N`, the rec matrix OASIS returns) -- "oasis_s";
 "oasis_rows_s" adds building the N * k (user, post) rows OASIS then inserts into its rec table
-(the sqlite insert itself not counted).
-ratio = oasis_s / ours_s (>= 1: ours is faster).  One process per N.
+(the sqlite insert itself not counted).  That rendering is single-threaded Python + NumPy, as
+OASIS's recommender is; ours is jitted on all the process's cores.
+ratio = oasis_s / ours_s (>= 1: ours is faster).  One process per N.  Summary line:
+`n=<largest N> recsys=... ours_s=... oasis_s=... ratio=...` (the last reddit row; no oasis_s for
+the other recommenders), then `result: <file>` and the machine line, last.
 """
 from __future__ import annotations
 
@@ -53,6 +60,11 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from common import NO_RECORD_HELP, finish  # noqa: E402  benchmarks/: the result file
+
+PEER = "OASIS's formulas as NumPy written here, not OASIS's code"
+DENSE_PEER = "OASIS's dense recsys formula as JAX written here, not OASIS's code"
 
 
 def _config(n):
@@ -94,7 +106,7 @@ def measure(n: int, ticks: int, peer: bool, recsys: str = "twitter") -> dict:
                reset_s=reset_s, metrics_s=metrics_s, active=int(m["active_crowd"]),
                actions=int(m["action_counts"].sum()),
                peak_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
-    if peer:  # OASIS-style dense personalized recsys over all users x all posts
+    if peer:  # OASIS's dense personalized recsys formula: all users x all posts, then top-k
         k = params.feed_size
 
         @jax.jit
@@ -103,9 +115,12 @@ def measure(n: int, ticks: int, peer: bool, recsys: str = "twitter") -> dict:
 
         args = (state.users.interest, state.posts.embedding)
         jax.block_until_ready(dense(*args))
-        t0 = time.perf_counter()
-        jax.block_until_ready(dense(*args))
-        out["dense_recsys_s"] = time.perf_counter() - t0
+        dense_t = []
+        for _ in range(ticks):  # as many timed calls as our ticks, median: the same rule
+            t0 = time.perf_counter()
+            jax.block_until_ready(dense(*args))
+            dense_t.append(time.perf_counter() - t0)
+        out["dense_recsys_s"] = statistics.median(dense_t)
     return out
 
 
@@ -201,6 +216,8 @@ def measure_recsys(n: int, k: int, recsys_name: str, calls: int) -> dict:
 
 
 def main_recsys(a):
+    print(f"# recommender alone, every user; peer: {PEER}", flush=True)
+    rows = []
     for n in a.sizes:
         for rs in a.recsys:
             cmd = [sys.executable, __file__, "--one", str(n), "--all_users", "--k", str(a.k),
@@ -209,6 +226,7 @@ def main_recsys(a):
             if res.returncode != 0:
                 sys.exit(f"n={n} recsys={rs} failed:\n{res.stderr[-3000:]}")
             r = json.loads(res.stdout.strip().splitlines()[-1])
+            rows.append(r)
             line = (f"n={n:>9,d} recsys={rs:<7s} k={a.k} users=all ours_s={r['ours_s']:.4f}")
             if "topk_s" in r:
                 line += (f" topk_path_s={r['topk_s']:.4f} (same feeds: {r['same_feeds']})")
@@ -218,6 +236,15 @@ def main_recsys(a):
                          f"{r['top_overlap']:.2f})")
             line += f" valid={r['valid_frac']:.3f} peak_rss_gb={r['peak_rss_gb']:.2f}"
             print(line, flush=True)
+    last = next((r for r in reversed(rows) if "oasis_s" in r), rows[-1])
+    figures = {"mode": "all_users", "peer": PEER, "n": last["n"], "recsys": last["recsys"],
+               "ours_s": last["ours_s"], "oasis_s": last.get("oasis_s"),
+               "ratio": last["oasis_s"] / last["ours_s"] if "oasis_s" in last else None,
+               "rows": rows}
+    print(f"n={last['n']} recsys={last['recsys']} ours_s={last['ours_s']:.4f}"
+          + (f" oasis_s={last['oasis_s']:.4f} ratio={figures['ratio']:.2f} ({PEER})"
+             if "oasis_s" in last else ""))
+    finish("society_scale_recsys", figures, record=not a.no_record)
 
 
 def main():
@@ -232,6 +259,7 @@ def main():
     ap.add_argument("--calls", type=int, default=5, help="timed calls with --all_users")
     ap.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--no_record", action="store_true", help=NO_RECORD_HELP)
     a = ap.parse_args()
     if a.all_users:
         if a.sizes == ap.get_default("sizes"):
@@ -263,7 +291,7 @@ def main():
               f" s, metrics {row['metrics_s']:.3f} s) peak_rss_gb={row['peak_rss_gb']:.2f}",
               flush=True)
         if "dense_recsys_s" in row:
-            print(f"  peer at n={n:,d}: dense users x posts recsys alone "
+            print(f"  peer at n={n:,d} ({DENSE_PEER}): dense users x posts recsys alone "
                   f"{row['dense_recsys_s']:.4f} s; our whole tick / dense recsys = "
                   f"{row['seconds_per_tick'] / row['dense_recsys_s']:.3f}", flush=True)
         if rs == a.recsys[-1] and len(a.recsys) > 1:
@@ -271,6 +299,7 @@ def main():
             print(f"  n={n:,d} seconds_per_tick / {a.recsys[0]}'s: " + " ".join(
                 f"{r['recsys']}={r['seconds_per_tick'] / base['seconds_per_tick']:.2f}"
                 for r in rows[-len(a.recsys):]), flush=True)
+    all_rows = rows
     rows = [r for r in rows if r["recsys"] == a.recsys[-1]]
     x = np.log([r["n"] for r in rows])
     y = np.log([r["seconds_per_tick"] for r in rows])
@@ -278,6 +307,12 @@ def main():
     last = rows[-1]
     print(f"n={last['n']} seconds_per_tick={last['seconds_per_tick']:.4f} "
           f"peak_rss_gb={last['peak_rss_gb']:.2f} slope={slope:.3f}")
+    figures = {"mode": "tick", "n": last["n"], "recsys": last["recsys"],
+               "seconds_per_tick": last["seconds_per_tick"], "peak_rss_gb": last["peak_rss_gb"],
+               "slope": slope, "rows": all_rows}
+    if any("dense_recsys_s" in r for r in all_rows):
+        figures["peer"] = DENSE_PEER
+    finish("society_scale", figures, record=not a.no_record)
 
 
 if __name__ == "__main__":

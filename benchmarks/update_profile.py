@@ -14,8 +14,8 @@ warm-up call:
   (`scoring.response_hidden[_grouped]`), with a random cotangent;
 - `head fwd+bwd <variant>`: the log-prob head alone (`scoring.token_stats` on fixed hidden
   states [B, R, H] and the unembedding) — gradients to both — in variants: `library` (the
-  code as shipped: the logsumexp gather, remat), `remat, log-softmax` (the code before issue
-  19: a materialised [B, c, V] log-softmax + gather), `no remat` (its chunk body not
+  code as shipped: the logsumexp gather, remat), `remat, log-softmax` (a materialised
+  [B, c, V] log-softmax + gather), `no remat` (its chunk body not
   rematerialised), `lse gather` (log-prob = z[token] - logsumexp(z), entropy from the same
   softmax), `no entropy` (the entropy metric dropped), `one chunk` (log-softmax, the whole
   response in one chunk);
