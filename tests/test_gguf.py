@@ -494,3 +494,20 @@ def test_smollm2_save_pretrained_round_trips(smol, tmp_path):
     for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)),
                     jax.tree.leaves(nnx.state(again, nnx.Param))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_random_tensor_bytes_are_named_as_non_finite(tmp_path):
+    """A well-formed file whose tensor bytes are noise: the loader names the tensor and says
+    its values are non-finite (not some later, unrelated check)."""
+    from jaxsocial.models import loading
+    hf = hf_utils.random_hf_model(seed=0, **TINY)
+    path = write_llama_gguf(tmp_path / "r.gguf", hf, Q.F32)
+    t = next(t for t in jgguf.open_reader(path).tensors if t.name == "blk.0.attn_q.weight")
+    with open(path, "r+b") as f:
+        f.seek(int(t.data_offset))
+        f.write(np.random.default_rng(0).bytes(int(t.n_bytes)))
+    with pytest.raises(ValueError) as e:
+        loading.load(path)
+    one_line_error(e, path, "'model.layers.0.self_attn.q_proj.weight'", "non-finite")
+    ok = checkpoint_hf.from_pretrained(write_llama_gguf(tmp_path / "ok.gguf", hf, Q.F32))
+    checkpoint_hf.check_finite(ok, "control")  # the same file before the noise: finite
