@@ -1,4 +1,4 @@
-"""Every OASIS action an LLM agent may take (issue 16, item 2): each answer form goes through
+"""Every OASIS action an LLM agent may take: each answer form goes through
 the grammar (constrained mode), the parser (free mode) and the society, and changes the state
 as that action should. Plus: action sets by config, errors naming a bad action."""
 import jax

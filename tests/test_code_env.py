@@ -86,7 +86,7 @@ def test_reference_solutions_pass_and_near_misses_fail():
 
 def test_answers_that_fail_or_misbehave_earn_nothing():
     cases = {
-        # The forgery: a sentinel and an early exit, flushed and not.
+        # A forged result: a sentinel and an early exit, flushed and not.
         "sentinel, flushed": (FORGED_SENTINEL, "square"),
         "sentinel": (FORGED_SENTINEL.replace(", flush=True", ""), "square"),
         "exit before the function": ("import os\nos._exit(0)\ndef fact(n): return 1", "fact"),

@@ -1,5 +1,6 @@
 """launch/eval.py end to end on two tiny checkpoints: HumanEval through lm-eval, our engine and
-the sandbox, AlpacaEval-style judging, results JSON with samples, and the blog-style table."""
+the sandbox (the trained checkpoint's HumanEval answers canned, so its pass@1 is known),
+AlpacaEval-style judging, results JSON with samples, and the blog-style table."""
 
 import json
 import os
@@ -39,10 +40,42 @@ def test_format_table():
     assert lines[2].split()[-3:] == ["40.00", "-", "-"]
 
 
+# Canned HumanEval completions for the trained checkpoint: the canonical solution of the first
+# problem (passes its tests) and an empty list for the second (fails them): pass@1 = 50.
+CANNED = {"HumanEval/0": None, "HumanEval/1": "    return []\n"}
+
+
+def _canned_humaneval(monkeypatch, checkpoint):
+    """JaxSocialLM.generate_until answers the HumanEval prompts of `checkpoint` with CANNED
+    (None: the problem's canonical solution); every other request goes to the engine.
+    -> {task_id: completion}."""
+    from jaxsocial.eval import code_metrics
+    from jaxsocial.eval.lm_eval_model import JaxSocialLM
+
+    docs = code_metrics.read_jsonl(code_metrics.humaneval_path())[:len(CANNED)]
+    answers = {d["task_id"]: CANNED[d["task_id"]] or d["canonical_solution"] for d in docs}
+    by_prompt = {d["prompt"].strip(): answers[d["task_id"]] for d in docs}
+    engine = JaxSocialLM.generate_until
+
+    def generate_until(self, requests, disable_tqdm=False):
+        canned = [by_prompt.get(r.args[0].strip()) if self.checkpoint == checkpoint else None
+                  for r in requests]
+        rest = [r for r, c in zip(requests, canned) if c is None]
+        out = iter(engine(self, rest, disable_tqdm) if rest else [])
+        return [next(out) if c is None else c for c in canned]
+    monkeypatch.setattr(JaxSocialLM, "generate_until", generate_until)
+    return answers
+
+
 def test_eval_end_to_end(tmp_path, monkeypatch):
+    """The trained checkpoint answers HumanEval with known completions (one passes, one fails):
+    its pass@1 is 50; the base's is what the sandbox says of its programs, run again here."""
+    from jaxsocial.eval import sandbox
+
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
     launch = _launch()
     base, trained = _ckpt(tmp_path / "base", 3), _ckpt(tmp_path / "trained", 4)
+    answers = _canned_humaneval(monkeypatch, trained)
     out = tmp_path / "res" / "results.json"
     flags = types.SimpleNamespace(
         checkpoint=trained, baseline=base, tasks=["humaneval", "alpaca"], data_dir=DATA,
@@ -55,12 +88,25 @@ def test_eval_end_to_end(tmp_path, monkeypatch):
     assert saved["table_text"] == report["table_text"]
     rows = {r["benchmark"]: r for r in saved["table"]}
     he = rows["HumanEval (pass@1)"]
-    assert he["base"] in (0.0, 50.0, 100.0) and he["change"] == he["trained"] - he["base"]
-    samples = saved["lm_eval"]["trained"]["samples"]["jaxsocial_humaneval"]
-    assert len(samples) == 2 and "check(" in samples[0]["filtered_resps"][0][0]
-    # The completions are the engine's greedy output, cut at HumanEval's stop strings.
-    for s in samples:
+    samples = {role: saved["lm_eval"][role]["samples"]["jaxsocial_humaneval"]
+               for role in ("base", "trained")}
+    # The trained samples are the canned completions, turned into programs with the tests.
+    canned = {s["doc"]["task_id"]: s for s in samples["trained"]}
+    assert {k: s["resps"][0][0] for k, s in canned.items()} == answers
+    assert {k: s["pass_at_1"] for k, s in canned.items()} == {"HumanEval/0": 1.0,
+                                                              "HumanEval/1": 0.0}
+    assert he["trained"] == 50.0
+    # The base's completions are the engine's greedy output, cut at HumanEval's stop strings;
+    # each problem's result is the sandbox's verdict on its program.
+    programs = [s["filtered_resps"][0][0] for s in samples["base"]]
+    assert len(programs) == 2 and all("check(" in p for p in programs)
+    for s in samples["base"]:
         assert all(stop not in s["resps"][0][0] for stop in ["\nclass", "\ndef", "\n#", "\nif"])
+    verdicts = [r.status == "passed" for r in sandbox.run_many(programs, timeout_s=5.0,
+                                                                memory_mb=512)]
+    assert [s["pass_at_1"] for s in samples["base"]] == [float(v) for v in verdicts]
+    assert he["base"] == 100.0 * sum(verdicts) / len(verdicts)
+    assert he["change"] == he["trained"] - he["base"]
     al = saved["alpaca"]["trained"]
     assert len(al["annotations"]) == 2
     assert {a["preference"] for a in al["annotations"]} <= {1.0, 1.5, 2.0}

@@ -1,5 +1,5 @@
 """One decoder, several families: Qwen2/2.5, Qwen3 and Mistral against transformers' PyTorch
-models (issue 17 items 1-3), as tests/test_llama.py does for Llama.
+models, as tests/test_llama.py does for Llama.
 
 For each family a random transformers model with awkward shapes (head_dim != hidden / heads,
 GQA, the family's RoPE theta, perturbed norms and biases) goes through its own

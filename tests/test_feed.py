@@ -1,4 +1,4 @@
-"""The agents' feed as OASIS composes it (issue 16, item 5): recommended posts plus the followees'
+"""The agents' feed as OASIS composes it: recommended posts plus the followees'
 most-liked recent posts, each post with up to `feed_comments` of its comments, against
 brute-force NumPy references over the whole state (which also checks the author and comment
 chains `apply_actions` keeps)."""

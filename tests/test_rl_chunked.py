@@ -1,4 +1,4 @@
-"""Memory that does not scale with vocab x batch x sequence (issue 12 item 2 / 13 item 2):
+"""Memory that does not scale with vocab x batch x sequence:
 chunked log-probs / entropy under remat, FSM states instead of [B, N, V] masks, micro-batch
 accumulation, and XLA's own temp-bytes count of the compiled update."""
 import jax

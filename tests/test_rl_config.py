@@ -1,4 +1,4 @@
-"""Every PPO/GRPO setting reachable from --config under its own field name (issue 14 item 7),
+"""Every PPO/GRPO setting reachable from --config under its own field name,
 one shared base for the common settings, and adaptive KL starting from kl_coef."""
 import dataclasses
 

@@ -1,4 +1,4 @@
-"""Issue 19 item 5: the rollout's log-probs as the old log-probs (`policy.score_batch(...,
+"""The rollout's log-probs as the old log-probs (`policy.score_batch(...,
 rollout_logprobs=)`, `old_logprobs`), and the shared-prompt forward (`prompt_group`), each
 against an independent re-scoring / full forward."""
 import jax

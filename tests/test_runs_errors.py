@@ -1,4 +1,4 @@
-"""Errors a person can read (issue 14 item 5) and a readable console (issue 12 item 7):
+"""Errors a person can read and a readable console:
 one-line errors from the launcher, config cross-checks before anything is built, SIGTERM at
 any point exits 0, reward.normalize="running" works."""
 import errno

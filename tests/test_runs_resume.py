@@ -1,4 +1,4 @@
-"""Trustworthy runs (issue 14, items 1-3): resume refuses a changed config, checkpoints are
+"""Trustworthy runs: resume refuses a changed config, checkpoints are
 verified with a fallback to the newest good one, and every epoch is logged exactly once."""
 import importlib.util
 import json

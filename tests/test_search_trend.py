@@ -1,4 +1,4 @@
-"""search_posts, search_user and trend (issue 16, item 1) against brute-force NumPy references,
+"""search_posts, search_user and trend against brute-force NumPy references,
 and their results becoming the searching agent's next feed."""
 import jax
 import jax.numpy as jnp

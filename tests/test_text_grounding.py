@@ -1,6 +1,6 @@
 """One embedding space grounded in text: crowd posts' embeddings are the frozen encoder's
 embeddings of the exact tokens agents see; agents' interests are their persona embeddings; crowd
-interests sit at their topic descriptions (issue 12, item 3)."""
+interests sit at their topic descriptions."""
 import importlib.util
 import os
 

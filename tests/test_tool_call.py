@@ -1,4 +1,4 @@
-"""tool_call mode (issue 16, item 6): the JAX parser of OASIS-style function calls against the
+"""tool_call mode: the JAX parser of OASIS-style function calls against the
 json-based reference (`parse_tool_call_text`) on generated answers (the tolerances, each failure
 kind, corrupted JSON), a mutated parser as the negative control, the token byte tables, and one
 epoch of the loop in tool_call mode with failures counted by kind."""

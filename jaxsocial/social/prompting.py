@@ -22,7 +22,7 @@ boundary is placed where both families of pre-tokenizer regex (Llama-3's and GPT
   "post:", and how the crowd's text banks are tokenized) and sits between ":" and " ·" (a space
   then punctuation); a newline or punctuation right after content would merge with a trailing
   "!" in Llama-3 ("!\\n" is one pre-token), so no line ends with content;
-- labels have no trailing space ("[1]" then " Ada": the old "[1] " + "Hello" gave a lone "Ġ");
+- labels have no trailing space ("[1]" then " Ada"; "[1] " + "Hello" would leave a lone "Ġ");
 - numbers carry their leading space (" 42"; GPT-2's regex joins a space to digits) and are
   followed by " likes" / " comments";
 - a crowd user's name is " user" + its id's decimal digits in groups of three from the left

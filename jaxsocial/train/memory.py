@@ -11,7 +11,8 @@ own `memory_analysis()` within 10% on configs/general.py's four targets (8B on (
 (4, 16, 1), LoRA on (8, 1, 1), 1B on one device), rollout, scoring, update and fused epoch,
 compiled at full depth on the CPU backend (its memory-minimising scheduler), with the decoder
 layers unrolled and scanned (`scan_layers`: within 4%): docs/scaling.md, pinned by
-tests/test_aot_memory.py, which also checks the update on small shapes. CPU caveat:
+tests/test_aot_memory.py, which also compares the estimate with programs it compiles at small
+shapes the terms were not set against (the PPO update, demo.py:smoke's epoch). CPU caveat:
 the CPU widens bf16 dots to float32 (the float32 weight and LM-head copies counted here) and
 packs temporaries less tightly than a GPU/TPU allocator, so these are upper bounds there.
 Without remat the per-layer count of Korthikanti et al. (2022) is used besides the
