@@ -199,7 +199,7 @@ def test_tool_instruction_lists_the_configured_tools():
     assert "repost" not in text and "[1] to [4]" in text
 
 
-def test_tool_call_rollout_counts_failures_by_kind():
+def test_tool_call_rollout_counts_failures_by_kind(monkeypatch):
     """The loop in tool_call mode: the prompt lists the tools, the rollout records each
     answer's failure kind, and the epoch's metrics count them."""
     from conftest import load_config_file
@@ -211,7 +211,9 @@ def test_tool_call_rollout_counts_failures_by_kind():
     c.rollout.ticks_per_epoch = 1
     with pytest.raises(ValueError, match=r"rollout.max_new_tokens=8 is too few .* >= 30"):
         loop.SocialRL(c)  # the smoke's 8 new tokens hold no comment call
-    c.rollout.max_new_tokens = 30
+    # What follows is about counting failures, not about room: the random model writes no JSON
+    # at any length, so the check is set aside to keep the smoke's short (cheap) decode.
+    monkeypatch.setattr(aa, "check_tool_call_room", lambda *a, **k: None)
     run = loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
     assert "like_post(post_id: int)" in run.tokenizer.decode(run.template.middle)
     state = run.init_state()
