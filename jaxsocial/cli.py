@@ -40,3 +40,21 @@ def json_safe(x):
     if isinstance(x, float) and not math.isfinite(x):
         return None
     return x
+
+
+def env_params(cls, env_cfg, **overrides):
+    """`cls(**env_cfg, **overrides).validate()` for a launcher config's `env` block (an
+    EnvParams dataclass). ValueError in one line naming the field as its `--config.` key
+    ("env.num_rounds must be >= 1, got 0"), or the unknown settings."""
+    kw = dict(env_cfg.to_dict() if hasattr(env_cfg, "to_dict") else env_cfg)
+    kw.update(overrides)
+    fields = cls.__dataclass_fields__
+    unknown = set(kw) - set(fields)
+    if unknown:
+        raise ValueError(f"unknown env settings {sorted(unknown)}")
+    try:
+        return cls(**kw).validate()
+    except ValueError as e:  # "num_rounds must be >= 1, got 0" -> "env.num_rounds must ..."
+        msg = str(e)
+        first = msg.split(" ", 1)[0]
+        raise ValueError(f"env.{msg}" if first in fields else f"env: {msg}") from None

@@ -36,20 +36,9 @@ FLAGS = flags.FLAGS
 
 
 def env_params(env_cfg, **overrides) -> se.EnvParams:
-    """EnvParams from the config's `env` block (validated; a ValueError names the field as its
+    """EnvParams from the config's `env` block (`cli.env_params`: validated, errors name the
     `--config.` key, e.g. env.num_rounds)."""
-    kw = dict(env_cfg.to_dict() if hasattr(env_cfg, "to_dict") else env_cfg)
-    kw.update(overrides)
-    fields = se.EnvParams.__dataclass_fields__
-    unknown = set(kw) - set(fields)
-    if unknown:
-        raise ValueError(f"unknown env settings {sorted(unknown)}")
-    try:
-        return se.EnvParams(**kw).validate()
-    except ValueError as e:  # "num_rounds must be ..." -> "env.num_rounds must be ..."
-        msg = str(e)
-        first = msg.split(" ", 1)[0]
-        raise ValueError(f"env.{msg}" if first in fields else f"env: {msg}") from None
+    return cli.env_params(se.EnvParams, env_cfg, **overrides)
 
 
 def _int_at_least(value, key: str, lo: int) -> int:

@@ -74,12 +74,17 @@ TEXT_BANK_CHUNK = 64
 _PROMPT_BUCKET = 64  # PromptTemplate.build rounds max_len up to this
 
 
-def _get(c, dotted, default=None):
+def config_get(c, dotted: str, default=None):
+    """`c["a"]["b"]` for `dotted` = "a.b", or `default` where a part is missing (configs of
+    other launchers, partial test configs)."""
     for part in dotted.split("."):
         if not hasattr(c, "get") or part not in c:
             return default
         c = c[part]
     return c
+
+
+_get = config_get
 
 
 # ---------------------------------------------------------------------------------------------

@@ -79,12 +79,7 @@ def format_differences(diffs: Dict[str, Tuple[Any, Any]], limit: int = 6) -> str
     return ", ".join(items)
 
 
-def _get(c, dotted, default=None):
-    for part in dotted.split("."):
-        if not hasattr(c, "get") or part not in c:
-            return default
-        c = c[part]
-    return c
+_get = bounds.config_get
 
 
 def check(config: ml_collections.ConfigDict) -> None:
