@@ -36,7 +36,7 @@ def _read_stored_config(path: str) -> Optional[dict]:
         raise ValueError(f"{path} is unreadable ({e}); use a new --workdir or --noresume") from e
 
 
-def _write_json_atomic(path: str, text: str) -> None:
+def _write_text_atomic(path: str, text: str) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
@@ -164,7 +164,7 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
                             config_check.format_differences(changes))
         if not resuming and os.path.exists(os.path.join(workdir, "config_changes.jsonl")):
             os.remove(os.path.join(workdir, "config_changes.jsonl"))
-        _write_json_atomic(config_path, config.to_json_best_effort(indent=2))
+        _write_text_atomic(config_path, config.to_json_best_effort(indent=2))
         # Exactly-once logs: drop whatever was logged after the restored epoch (all of it on a
         # fresh start), TensorBoard included.
         log_lib.cut_logs(workdir, restored_epoch)
@@ -227,10 +227,9 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
     if os.path.isdir(os.path.join(workdir, "export")):
         summary["export"] = os.path.join(workdir, "export")
     if lead:
-        _write_json_atomic(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=2))
-        md = os.path.join(workdir, "summary.md")
-        report.write_summary_md(summary, md + ".tmp", title=f"Social-RL run: {config.name}")
-        os.replace(md + ".tmp", md)
+        _write_text_atomic(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=2))
+        _write_text_atomic(os.path.join(workdir, "summary.md"), report.summary_markdown(
+            summary, f"Social-RL run: {config.name}"))
     return summary
 
 
@@ -246,14 +245,14 @@ def _export_all(run, state, workdir: str, lead: bool, verify_existing: bool) -> 
     todo = []
     for name in EXPORTS:
         path = os.path.join(workdir, name)
-        problem = checkpoint_hf.export_problem(path) if verify_existing and lead else "new"
-        if verify_existing and jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-            problem = "bad" if int(multihost_utils.broadcast_one_to_all(
-                np.int32(problem is not None))) else None
-        if problem is None:
-            continue
         if verify_existing:
+            problem = checkpoint_hf.export_problem(path) if lead else None
+            if jax.process_count() > 1:  # every process must join the export, or none
+                from jax.experimental import multihost_utils
+                if int(multihost_utils.broadcast_one_to_all(np.int32(problem is not None))):
+                    problem = problem or "incomplete on process 0"
+            if problem is None:
+                continue
             logging.warning("%s is incomplete (%s): writing it again from the final checkpoint",
                             name + "/", problem)
         _export_atomic(run, state, path, lead, initial=name == "initial")
