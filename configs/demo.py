@@ -3,12 +3,15 @@
     python launch/train.py --config=configs/demo.py --workdir=runs/demo
     python launch/train.py --config=configs/demo.py:smoke      # a few ticks, one update (tests)
 
-Crowd reactions make the learning signal clear: crowd users like posts whose embedding (the
-frozen reference model's pooled hidden state) is close to their interests, so the policy can
-learn which texts earn likes. Crowd attention is fixed (active users x feed size), so rewarding
-raw likes makes agents post more and dilutes likes per post; with `non_post_baseline` an answer
-that creates no post earns the epoch's mean post score, which rewards better posts instead of
-more posts (measured: avg likes per post rises, zero-like share falls, post count falls).
+Crowd users like posts whose embedding is close to their interests. The embedding is the
+society's encoder (`society.encoder`): by default the frozen reference model's pooled hidden
+state through a random projection, which for this random model has no semantics;
+`--config.society.encoder=minilm --config.society.embed_dim=384` makes it all-MiniLM-L6-v2's
+sentence embedding of the post's text. Crowd attention is fixed (active users x feed size), so
+rewarding raw likes makes agents post more and dilutes likes per post; with
+`reward.non_post_mode="mean"` an answer that creates nothing earns the epoch's mean post score.
+Measured on this config (docs/train.md): likes per post rise while the agents fall silent
+(posts fall, total likes halve), so that default is under review.
 """
 from jaxsocial.train import defaults
 
@@ -27,7 +30,7 @@ def get_config(arg=None):
     c.society.update(defaults.taste_driven_society(num_users=2048, feed_size=4))
     # Answers that create no post earn the epoch's mean post score: the policy is rewarded for
     # posts that beat the average (what the crowd likes), not for posting more.
-    c.reward.non_post_baseline = True
+    c.reward.non_post_mode = "mean"
     c.rollout.ticks_per_epoch = 16
     c.rollout.max_new_tokens = 16
     c.rollout.temperature = 1.0

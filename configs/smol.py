@@ -35,7 +35,7 @@ def get_config(arg=None):
     c.agents.actions = ("post", "like", "nothing")
     c.agents.newest_comment = False
     c.society.update(defaults.taste_driven_society(num_users=1024, feed_size=2))
-    c.reward.non_post_baseline = True
+    c.reward.non_post_mode = "mean"
     c.rollout.ticks_per_epoch = 4
     c.rollout.max_new_tokens = 16
     c.rollout.temperature = 1.0

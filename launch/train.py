@@ -181,7 +181,7 @@ def main(argv):
     from jaxsocial.train import report
     print(runner.format_summary(summary))
     print(report.console_story(summary, workdir,
-                               bool(config.reward.get("non_post_baseline", False)),
+                               config.reward.get("non_post_mode", "constant"),
                                random_model=not config.model.checkpoint))
     print(json.dumps({"workdir": workdir, "epochs": summary["epochs"]}))
 

@@ -83,6 +83,39 @@ def test_token_rewards_match_loop():
     assert got.dtype == np.float32
 
 
+def test_sequence_kl_is_one_mean_term_at_the_last_token():
+    """kl_per="sequence": r = score - beta * mean_t kl_t at the last valid token, 0 elsewhere;
+    the per-token rewards (the negative control) differ from it wherever answers differ in
+    length, and their sum grows with the length while the sequence term does not."""
+    rng = np.random.default_rng(2)
+    b, t = 6, 9
+    mask = ragged_mask(rng, b, t)
+    kl = np.abs(rng.normal(size=(b, t))).astype(np.float32)
+    scores = rng.normal(size=b).astype(np.float32)
+    beta = 0.05
+    got = np.asarray(ppo.token_rewards(scores, kl, mask, beta, kl_per="sequence"))
+    want = np.zeros((b, t))
+    for i in range(b):
+        valid = [j for j in range(t) if mask[i, j]]
+        if valid:
+            want[i, valid[-1]] = scores[i] - beta * np.mean(kl[i, valid])
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    per_token = np.asarray(ppo.token_rewards(scores, kl, mask, beta))
+    assert np.abs(per_token - want).max() > 1e-3
+    one, long_ = np.ones((1, t), np.float32), np.ones((1, t), bool)
+    short = np.zeros((1, t), bool)
+    short[0, 0] = True
+    seq = [float(np.asarray(ppo.token_rewards(np.zeros(1), one, m, 1.0, "sequence")).sum())
+           for m in (short, long_)]
+    tok = [float(np.asarray(ppo.token_rewards(np.zeros(1), one, m, 1.0)).sum())
+           for m in (short, long_)]
+    assert seq == [-1.0, -1.0] and tok == [-1.0, -float(t)]
+    with pytest.raises(ValueError, match="kl_per='tokens'"):
+        ppo.token_rewards(scores, kl, mask, beta, kl_per="tokens")
+    with pytest.raises(ValueError, match="kl_per="):
+        ppo.PPOConfig(kl_per="tokens")
+
+
 def test_masked_whiten_matches_numpy():
     rng = np.random.default_rng(2)
     x = rng.normal(3.0, 2.0, size=(5, 8)).astype(np.float32)

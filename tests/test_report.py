@@ -55,11 +55,13 @@ def test_console_story(tmp_path):
              "posts": [{"text": f"best  {e}\nline", "likes": 7}],
              "worst_post": {"text": f"worst {e}", "likes": 0}} for e, v in
             enumerate([1.0, 3.0, 2.0], start=1)]
-    out = report.console_story({"history": hist}, str(tmp_path), non_post_baseline=True)
+    out = report.console_story({"history": hist}, str(tmp_path), non_post_mode="mean")
     assert "\u2581\u2588\u2585" in out and "(1.000 -> 2.000)" in out  # min, max, middle
     assert "best post of epoch 3 (7 likes): 'best 3 line'" in out
     assert "worst post of epoch 3 (0 likes): 'worst 3'" in out
-    assert "reward.non_post_baseline" in out
+    assert "reward.non_post_mode='mean'" in out
+    assert "left out of the update" in report.console_story({"history": hist}, str(tmp_path),
+                                                            non_post_mode="skip")
     assert out.splitlines()[-1] == f"wrote {tmp_path}/: metrics.jsonl, export/"
     assert "non_post" not in report.console_story({"history": hist}, str(tmp_path))
     assert "byte noise" in report.console_story({"history": hist}, str(tmp_path),

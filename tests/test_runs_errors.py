@@ -63,6 +63,11 @@ def _main(mod, capsys, *args, **overrides):
     ("reward.normalize", "runing", ("reward.normalize='runing'", "running")),
     ("agents.active_per_tick", 9, ("agents.active_per_tick=9",)),
     ("rollout.decode_buckets", 0, ("rollout.decode_buckets=0", "[1, ")),
+    ("reward.non_post_mode", "zero", ("reward.non_post_mode='zero'", "constant, mean, skip")),
+    ("reward.non_post_baseline", True, ("reward.non_post_baseline is no longer a key",
+                                        "reward.non_post_mode='mean'")),
+    ("rl.kl_per", "seq", ("rl.kl_per='seq'", "'token' or 'sequence'")),
+    ("rl.lr", -1e-3, ("rl.lr=-0.001 must be >= 0",)),
 ])
 def test_config_check_names_the_bad_key(key, value, named):
     config_check.check(load_config())  # control: the smoke config passes
@@ -74,6 +79,16 @@ def test_config_check_names_the_bad_key(key, value, named):
     msg = str(e.value)
     assert "\n" not in msg and all(n in msg for n in named), msg
     assert "max_new_tokens" not in msg
+
+
+def test_kl_per_sequence_is_ppo_only_and_lr_zero_is_allowed():
+    c = load_config()
+    c.rl.learning_rate = 0.0  # the frozen control of a study
+    c.rl.kl_per = "sequence"
+    config_check.check(c)
+    c.rl.algo = "grpo"
+    with pytest.raises(ValueError, match="GRPO charges its KL in the loss"):
+        config_check.check(c)
 
 
 def test_config_is_checked_before_the_model_is_built(monkeypatch, tmp_path):

@@ -92,8 +92,9 @@ class OptimConfig:
             raise ValueError(f"clip_eps must be in (0, 1), got {self.clip_eps}")
         if self.clip_eps_high is not None and self.clip_eps_high <= 0:
             raise ValueError(f"clip_eps_high must be > 0, got {self.clip_eps_high}")
-        if self.learning_rate <= 0:
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if not self.learning_rate >= 0:  # 0: a frozen policy (a study's control arm)
+            raise ValueError(f"learning_rate must be >= 0 (0 = a frozen policy), got "
+                             f"{self.learning_rate}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0 for RL (log-probs of greedy decoding "
                              f"are not defined), got {self.temperature}")

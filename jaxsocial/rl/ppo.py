@@ -26,6 +26,7 @@ from jaxsocial.rl.buffer import Trajectory, check_trajectory
 Array = jax.Array
 
 REWARD_NORMS = ("none", "running")
+KL_PER = ("token", "sequence")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -47,6 +48,10 @@ class PPOConfig(common.OptimConfig):
     whiten_rewards: bool = False
     reward_norm: str = "none"            # "running": divide scores by a running std
     reward_clip: Optional[float] = None  # clip (normalised) scores to [-c, c]
+    # KL in the reward: "token" = -kl_coef * kl_t on every token (a sequence pays its summed
+    # KL, so short answers pay less); "sequence" = one term -kl_coef * mean_t kl_t at the last
+    # token (every answer pays its mean per-token KL, whatever its length)
+    kl_per: str = "token"
     # adaptive KL controller (Ziegler et al. 2019); it starts from kl_coef
     adaptive_kl: bool = False
     adaptive_kl_init: Optional[float] = None  # None: start from kl_coef (an explicit start)
@@ -57,6 +62,8 @@ class PPOConfig(common.OptimConfig):
         super().__post_init__()
         if self.reward_norm not in REWARD_NORMS:
             raise ValueError(f"reward_norm={self.reward_norm!r}; choose one of {REWARD_NORMS}")
+        if self.kl_per not in KL_PER:
+            raise ValueError(f"kl_per={self.kl_per!r}; choose one of {KL_PER}")
         if self.value_clip <= 0:
             raise ValueError(f"value_clip must be > 0, got {self.value_clip}")
         if not 0.0 <= self.lam <= 1.0 or not 0.0 <= self.gamma <= 1.0:
@@ -76,14 +83,23 @@ class PPOConfig(common.OptimConfig):
 # Rewards, advantages, KL controller
 
 
-def token_rewards(scores: Array, kl: Array, mask: Array, kl_coef) -> Array:
-    """r_t = -kl_coef * kl_t on valid tokens, plus scores[b] at the last valid token. [B, T]."""
+def token_rewards(scores: Array, kl: Array, mask: Array, kl_coef, kl_per: str = "token"
+                  ) -> Array:
+    """[B, T] token rewards: scores[b] at the last valid token, plus the KL penalty:
+    kl_per="token": -kl_coef * kl_t on every valid token; "sequence": one term
+    -kl_coef * mean_t kl_t (over the valid tokens) at the last valid token."""
     chex.assert_equal_shape([kl, mask])
     m = mask.astype(jnp.float32)
-    rewards = -jnp.asarray(kl_coef, jnp.float32) * kl.astype(jnp.float32) * m
+    kl = kl.astype(jnp.float32) * m
     last = losses.last_valid_index(mask)
     at_last = jax.nn.one_hot(last, mask.shape[-1], dtype=jnp.float32) * m
-    return rewards + scores.astype(jnp.float32)[:, None] * at_last
+    coef = jnp.asarray(kl_coef, jnp.float32)
+    if kl_per == "sequence":
+        kl_mean = jnp.sum(kl, axis=-1) / jnp.maximum(jnp.sum(m, axis=-1), 1.0)
+        return (scores.astype(jnp.float32) - coef * kl_mean)[:, None] * at_last
+    if kl_per != "token":
+        raise ValueError(f"kl_per={kl_per!r}; choose one of {KL_PER}")
+    return -coef * kl + scores.astype(jnp.float32)[:, None] * at_last
 
 
 def compute_gae(rewards: Array, values: Array, mask: Array, gamma: float,
@@ -154,7 +170,7 @@ def rollout_advantages(cfg: PPOConfig, batch: Trajectory, kl_coef: Array,
     if cfg.reward_clip is not None:
         scores = jnp.clip(scores, -cfg.reward_clip, cfg.reward_clip)
     kl = losses.kl_penalty(batch.old_logprobs, batch.ref_logprobs, cfg.kl_estimator) * mask
-    rewards = token_rewards(scores, kl, mask, kl_coef)
+    rewards = token_rewards(scores, kl, mask, kl_coef, cfg.kl_per)
     if cfg.whiten_rewards:
         rewards = losses.masked_whiten(rewards, mask, shift_mean=False)
     values = batch.values * mask

@@ -22,6 +22,10 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
+# How an answer that created no post is scored (`reward.non_post_mode`): "constant" =
+# `reward.non_post`; "mean" = the epoch's mean post score; "skip" = left out of the update.
+NON_POST_MODES = ("constant", "mean", "skip")
+
 
 def engagement_within_horizon(created_id: Array, created_tick: Array, deltas: Array,
                               slot_ids: Array, horizon: int, first_tick: Array = 0) -> Array:

@@ -232,7 +232,8 @@ def compile_epoch(run: loop.SocialRL, state: Optional[loop.RunState] = None,
     (`SocialRL.epoch_program`, state donated: its outputs alias the state's buffers)."""
     state = abstract_state(run) if state is None else state
     if "epoch" in programs:
-        mem, _ = _compile("epoch", run.epoch_program(state), (state, run.grammar), 0)
+        mem, _ = _compile("epoch", run.epoch_program(state),
+                          (state, run.grammar, run.encoder_params), 0)
         return [mem]
     rep = sharding.replicated(run.mesh)
     key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=rep)

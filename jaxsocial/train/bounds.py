@@ -299,10 +299,11 @@ def need(config, sh: Shapes, cfg, mesh_shape, rl) -> Need:
     """`Need` of `config` with the sizes `sh`, the model `cfg` on `mesh_shape` and `rl` (the
     run's PPOConfig / GRPOConfig, `rl_config`)."""
     from jaxsocial.social import society
+    from jaxsocial.train import defaults
 
     c = config
     rows = sh.ticks * sh.active
-    sp = society.make_params(**dict(c.society), num_agents=sh.num_agents,
+    sp = society.make_params(**defaults.society_fields(c), num_agents=sh.num_agents,
                              reward_horizon=int(_get(c, "reward.horizon", 1)))
     sp = sp.replace(num_users=sh.num_users, post_capacity=sh.post_capacity,
                     content_len=sh.content_len, feed_size=sh.feed_size,

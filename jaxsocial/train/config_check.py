@@ -17,9 +17,10 @@ from typing import Any, Dict, List, Tuple
 
 import ml_collections
 
-from jaxsocial.rl.rewards import NORMALIZE_MODES
+from jaxsocial.rl.ppo import KL_PER
+from jaxsocial.rl.rewards import NON_POST_MODES, NORMALIZE_MODES
 from jaxsocial.social import activation, society, text_bank
-from jaxsocial.train import agent_actions, bounds
+from jaxsocial.train import agent_actions, bounds, defaults, society_encoder
 
 # Keys that may differ between a run and its resumption. Everything else (model, agents,
 # society, rollout, reward, rl, code, seed, tokenizer) changes shapes or semantics.
@@ -119,6 +120,17 @@ def check(config: ml_collections.ConfigDict) -> None:
     need(algo in ("ppo", "grpo"), f"rl.algo={algo!r}; choose 'ppo' or 'grpo'")
     need(not (mode == "running" and algo == "grpo"), "reward.normalize='running' is done by "
          "the PPO update (rl.algo='ppo'); GRPO already normalises within each group")
+    npm = _get(config, "reward.non_post_mode", "constant")
+    need(npm in NON_POST_MODES, f"reward.non_post_mode={npm!r}; choose one of "
+         f"{', '.join(NON_POST_MODES)}")
+    need(_get(config, "reward.non_post_baseline", None) is None,
+         "reward.non_post_baseline is no longer a key: use reward.non_post_mode='mean' (the "
+         "epoch's mean post score), 'constant' (reward.non_post) or 'skip'")
+    kl_per = _get(config, "rl.kl_per", "token")
+    need(kl_per in KL_PER, f"rl.kl_per={kl_per!r}; choose 'token' or 'sequence'")
+    need(not (kl_per != "token" and algo == "grpo"), f"rl.kl_per={kl_per!r} shapes PPO's KL "
+         f"penalty in the reward; GRPO charges its KL in the loss (rl.kl_coef, "
+         f"rl.loss_aggregation): leave rl.kl_per='token'")
     amode = _get(config, "agents.action_mode", "constrained")
     need(amode in ("constrained", "free", "tool_call"),
          f"agents.action_mode={amode!r}; choose 'constrained', 'free' or 'tool_call'")
@@ -176,10 +188,16 @@ def check(config: ml_collections.ConfigDict) -> None:
             problems.append(str(e))
     if not problems and "society" in config:
         try:
-            society.make_params(**dict(config.society), num_agents=int(agents),
-                                reward_horizon=int(num("reward.horizon", 1)))
+            sp = society.make_params(**defaults.society_fields(config), num_agents=int(agents),
+                                     reward_horizon=int(num("reward.horizon", 1)))
         except (ValueError, TypeError) as e:
             problems.append(f"society: {e}")
+        else:
+            try:
+                society_encoder.check_kind(config.society.get("encoder", "reference"),
+                                           sp.embed_dim)
+            except ValueError as e:
+                problems.append(str(e))
     if not problems:
         problems += bound_problems(config)
     if problems:

@@ -55,7 +55,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.society = ml_collections.ConfigDict(dict(
         num_users=2048, num_personas=4, embed_dim=16, post_capacity=2048, content_len=12,
         num_seed_posts=256, feed_size=4, pool_size=128, recsys="twitter", crowd=True,
-        max_active=256, crowd_budget=512))
+        max_active=256, crowd_budget=512,
+        # The society's embedding space (train.society_encoder): "reference" = the frozen
+        # reference policy's pooled states through a fixed random projection to embed_dim;
+        # "minilm" = all-MiniLM-L6-v2's sentence embedding of the posts' text (embed_dim=384).
+        encoder="reference"))
     c.rollout = ml_collections.ConfigDict(dict(
         ticks_per_epoch=8, max_new_tokens=16, temperature=0.7, top_k=0, top_p=1.0,
         decode_buckets=1))  # SamplingConfig.decode_buckets: > 1 pays for long responses only
@@ -63,8 +67,11 @@ def base_config() -> ml_collections.ConfigDict:
         horizon=4,           # H ticks after creation
         settle=True,         # H-1 crowd-only ticks end each epoch so every post sees its horizon
         like=1.0, repost=0.0, comment=0.0, new_followers=0.0,
-        non_post=0.0,        # score of a trajectory that created no post
-        non_post_baseline=False,  # True: it gets the epoch's mean post score instead
+        # An answer that created no post (like, comment, nothing, ...): "constant" = scored
+        # reward.non_post; "mean" = the epoch's mean post score; "skip" = no update on it (its
+        # tokens are masked out of the loss)
+        non_post_mode="constant",
+        non_post=0.0,
         normalize="none",    # "none" | "whiten" (per epoch) | "running"
     ))
     # Every PPOConfig / GRPOConfig field under its own name, with the dataclass defaults
@@ -101,6 +108,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.distributed = ml_collections.ConfigDict(dict(enabled=False, coordinator_address="",
                                                    num_processes=-1, process_id=-1))
     return c
+
+
+def society_fields(c: ml_collections.ConfigDict) -> dict:
+    """The `jaxsocial.social.state.SocialParams` fields of `c.society`: all of its keys but
+    `encoder`, which picks the society's embedding space (`train.society_encoder`)."""
+    return {k: v for k, v in dict(c.society).items() if k != "encoder"}
 
 
 def taste_driven_society(num_users: int, feed_size: int) -> dict:

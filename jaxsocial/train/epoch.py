@@ -2,23 +2,27 @@
 
     run = loop.SocialRL(config)           # host-side set-up: model, tokenizer, text, society
     fns = make_epoch(run)                 # (SocialRL builds it once as `run.fns`)
-    state, update_metrics, view = jax.jit(fns.epoch)(state, grammar)
+    state, update_metrics, view = jax.jit(fns.epoch)(state, grammar, run.encoder_params)
 
 `make_epoch` reads the set-up once (templates, action vocabularies, sampling, the update, the
-society's knobs, the frozen encoder's centre and projection) and returns closures that hold
-those values and nothing mutable:
+society's knobs, the society's frozen encoder) and returns closures that hold those values and
+nothing mutable:
 
-- `rollout(params, ref_params, society, key, grammar) -> (society, Rollout)`: a `lax.scan` over
-  the epoch's ticks. The LLM agents read their feed, the policy answers (under the action
-  grammar in `constrained` mode), the answer is parsed into society actions, the society steps
-  (`society.step` reports each tick's engagement and follower deltas), then `reward.horizon - 1`
-  crowd-only "settle" ticks let every post of the epoch see its full horizon;
+- `embed(params, content) -> [B, d]`: the society's frozen encoder (`society.encoder`: the
+  sentence encoder, or the reference policy's pooled states through a fixed projection);
+- `rollout(params, ref_params, society, key, grammar, encoder) -> (society, Rollout)`: a
+  `lax.scan` over the epoch's ticks. The LLM agents read their feed, the policy answers (under
+  the action grammar in `constrained` mode), the answer is parsed into society actions, the
+  society steps (`society.step` reports each tick's engagement and follower deltas), then
+  `reward.horizon - 1` crowd-only "settle" ticks let every post of the epoch see its full
+  horizon;
 - `scores(Rollout) -> (score [T, B], engagement [T, B, E])`: the social reward;
 - `score(train, Rollout, bonus, grammar) -> (Trajectory, score, engagement, logprob_gap)`: the
   scoring pass (policy and reference log-probs, values) over the epoch's trajectories;
 - `update(train, Trajectory, grammar) -> (train, metrics)`: PPO or GRPO (`rl.ppo` / `rl.grpo`);
 - `view(Rollout, score, engagement, gap) -> EpochView`: what metrics and samples read;
-- `epoch(RunState, grammar) -> (RunState, update metrics, EpochView)`: all of the above.
+- `epoch(RunState, grammar, encoder) -> (RunState, update metrics, EpochView)`: all of the
+  above.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from jaxsocial.rl.state import TrainState
 from jaxsocial.social import activation, prompting, society
 from jaxsocial.social.actions import ActionType
 from jaxsocial.social.state import SocialState
-from jaxsocial.train import agent_actions, sharding
+from jaxsocial.train import agent_actions, sharding, society_encoder
 
 Array = jax.Array
 
@@ -71,7 +75,7 @@ class Rollout:
     created_id: Array       # [T, B] int32 post id created by the action, -1 if none
     target: Array           # [T, B] int32 target post / user id of the action, -1 if none
     target_author: Array    # [T, B] int32 author of the targeted feed post, -1 if none
-    embedding: Array        # [T, B, d] float32 frozen-encoder embedding of the answer's text
+    embedding: Array        # [T, B, d] float32 society-encoder embedding of the answer's text
     tick: Array             # [T] int32 society tick of each agent tick
     deltas: Array           # [T + S, P, E] int32 engagement gained per slot per recorded tick
     slot_ids: Array         # [T + S, P] int32 post id in each slot after each recorded tick
@@ -152,21 +156,30 @@ def make_epoch(run) -> EpochFns:
     template, vocab, tools, tool_call = run.template, run.vocab, run.tools, run.tool_call
     sampling, rl_config, compiled_update = run.sampling, run.rl_config, run.update
     center, projection = run.embed_center, run.projection
+    encoder_kind = run.encoder_kind  # society.encoder (train.society_encoder)
+    encoder_graphdef, retokenizer = run.encoder_graphdef, run.retokenizer
     ticks = int(c.rollout.ticks_per_epoch)
     horizon = int(r.horizon)
     settle = horizon - 1 if r.settle else 0
     reward_weights = (float(r.like), float(r.repost), float(r.comment))
     new_followers = float(r.new_followers)
-    non_post_baseline = bool(r.get("non_post_baseline", False))
+    non_post_mode = r.get("non_post_mode", "constant")  # checked by config_check
     non_post, normalize = float(r.non_post), r.normalize
     text_posts = int(c.train.get("text_metrics_posts", 4096))
     # rl.old_logprobs: the rollout's log-probs serve as the old log-probs where they are exact
     # (`policy.old_logprobs_source`), and the policy's scoring forward is skipped.
     reuse_logprobs = run.old_logprobs == "rollout"
 
-    def embed(ref_params, content: Array) -> Array:
-        """Frozen encoder: content [B, L] -> unit embeddings [B, d]."""
-        return project(pooled_states(pdef.graphdef, ref_params, content), center, projection)
+    def embed(params, content: Array) -> Array:
+        """The society's frozen encoder: content [B, L] policy tokens -> unit embeddings [B, d].
+        params: the sentence encoder's weights (`society.encoder="minilm"`) or the reference
+        policy's (`"reference"`)."""
+        if encoder_kind == "minilm":
+            if params is None:
+                raise ValueError("society.encoder='minilm': pass the encoder's weights "
+                                 "(encoder=...) to the rollout / epoch")
+            return society_encoder.minilm_embed(encoder_graphdef, retokenizer, params, content)
+        return project(pooled_states(pdef.graphdef, params, content), center, projection)
 
     def record(soc: SocialState, info: society.StepInfo):
         return info.engagement_delta, soc.posts.id, info.follower_delta, info.crowd_posts
@@ -181,8 +194,9 @@ def make_epoch(run) -> EpochFns:
             return jnp.sort(jax.random.permutation(key, num_agents)[:active]).astype(jnp.int32)
         return jnp.arange(num_agents, dtype=jnp.int32)
 
-    def rollout(params, ref_params, soc: SocialState, key: Array, grammar=None):
+    def rollout(params, ref_params, soc: SocialState, key: Array, grammar=None, encoder=None):
         weights = policy_lib.policy_weights(pdef, params, ref_params)
+        embed_params = encoder if encoder_kind == "minilm" else ref_params
 
         def agent_tick(carry, _):
             soc, key = carry
@@ -203,7 +217,7 @@ def make_epoch(run) -> EpochFns:
                 parsed = agent_actions.parse(vocab, out.tokens, out.mask, sp.content_len)
                 failure = jnp.where(parsed.parsed, agent_actions.FAIL_OK,
                                     agent_actions.FAIL_NO_JSON).astype(jnp.int32)
-            emb = embed(ref_params, parsed.content)
+            emb = embed(embed_params, parsed.content)
             acts = agent_actions.to_actions(parsed, agents, feed.ids, feed.valid,
                                             feed_authors, emb, view.comment_ids)
             soc, info = society.step(k_step, soc, acts, sp)
@@ -243,12 +257,13 @@ def make_epoch(run) -> EpochFns:
                 ro.agent.reshape(-1), created_tick, ro.follower_delta, horizon, ro.tick[0],
                 valid=created >= 0)
         made = created >= 0
-        if non_post_baseline:
-            # Actions that create nothing earn the epoch's mean post score: posting pays only
-            # when the post beats the average (quality, not volume).
-            base = jnp.sum(jnp.where(made, score, 0.0)) / jnp.maximum(jnp.sum(made), 1)
-        else:
+        if non_post_mode == "constant":
             base = non_post
+        else:
+            # "mean": actions that create nothing earn the epoch's mean post score, so posting
+            # pays only when the post beats the average. "skip" scores them the same way (for
+            # GRPO's group statistics) and leaves them out of the update (`score`).
+            base = jnp.sum(jnp.where(made, score, 0.0)) / jnp.maximum(jnp.sum(made), 1)
         score = jnp.where(made, score, base)
         return score.reshape(t, b), eng.reshape(t, b, -1)
 
@@ -257,8 +272,11 @@ def make_epoch(run) -> EpochFns:
         s = s + bonus
         s_n = rewards_lib.normalize_scores(s.reshape(-1), normalize)
         flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
+        response_mask = flat(ro.mask)
+        if non_post_mode == "skip":  # answers that created nothing carry no gradient
+            response_mask = response_mask & (flat(ro.created_id) >= 0)[:, None]
         batch = buffer_lib.make_trajectory(
-            flat(ro.prompt_ids), flat(ro.prompt_mask), flat(ro.tokens), flat(ro.mask),
+            flat(ro.prompt_ids), flat(ro.prompt_mask), flat(ro.tokens), response_mask,
             scores=s_n)
         if grammar is not None:
             # FSM states [B, N] int32, never [B, N, V] masks: the loss rebuilds each chunk's
@@ -298,13 +316,14 @@ def make_epoch(run) -> EpochFns:
             post_mask=keep & flat(ro.mask), post_embedding=jnp.where(keep, flat(ro.embedding), 0),
             last_tokens=ro.tokens[-1], last_mask=ro.mask[-1], logprob_gap=gap)
 
-    def epoch(state: RunState, grammar=None):
+    def epoch(state: RunState, grammar=None, encoder=None):
         """Rollout, scores, scoring pass, update and the metrics' view: the same keys and steps
-        as the three-program path (`SocialRL.run_epoch` with a host-side reward)."""
+        as the three-program path (`SocialRL.run_epoch` with a host-side reward). encoder: the
+        society's sentence encoder weights (`society.encoder="minilm"`; None otherwise)."""
         key = jax.random.wrap_key_data(state.key)
         key, k_roll = jax.random.split(key)
         soc, ro = rollout(state.train.params, state.train.ref_params, state.society, k_roll,
-                          grammar=grammar)
+                          grammar=grammar, encoder=encoder)
         no_bonus = jnp.zeros(ro.created_id.shape, jnp.float32)
         batch, s, eng, gap = score(state.train, ro, no_bonus, grammar=grammar)
         batch = rows_on_data_axes(batch, mesh)  # as run_epoch's put_global: the scored fields too

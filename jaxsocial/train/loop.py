@@ -39,7 +39,16 @@ from jaxsocial.rl import ppo as ppo_lib
 from jaxsocial.social import activation, prompting, society, text_bank
 from jaxsocial.social.actions import ActionType
 from jaxsocial.social.state import normalize
-from jaxsocial.train import agent_actions, code_problems, config_check, memory, report, sharding
+from jaxsocial.train import (
+    agent_actions,
+    code_problems,
+    config_check,
+    defaults,
+    memory,
+    report,
+    sharding,
+    society_encoder,
+)
 from jaxsocial.train import epoch as epoch_lib
 from jaxsocial.train.epoch import EpochView, Rollout, RunState, make_epoch
 
@@ -64,18 +73,19 @@ def model_switches(m) -> dict:
                 scan_layers=bool(m.get("scan_layers", False)))
 
 
-class _BindGrammar:
-    """A jitted function called with `grammar=` bound: `f(*args)` / `f.lower(*args)` pass the
-    grammar pytree as a traced argument of the compiled program (never a baked constant)."""
+class _BindFrozen:
+    """A jitted function called with frozen inputs bound as keywords (the grammar, the society
+    encoder's weights): `f(*args)` / `f.lower(*args)` pass them as traced arguments of the
+    compiled program (never baked constants)."""
 
-    def __init__(self, jitted, grammar):
-        self.jitted, self.grammar = jitted, grammar
+    def __init__(self, jitted, **frozen):
+        self.jitted, self.frozen = jitted, frozen
 
     def __call__(self, *args):
-        return self.jitted(*args, grammar=self.grammar)
+        return self.jitted(*args, **self.frozen)
 
     def lower(self, *args):
-        return self.jitted.lower(*args, grammar=self.grammar)
+        return self.jitted.lower(*args, **self.frozen)
 
 
 class SocialRL:
@@ -110,8 +120,8 @@ class SocialRL:
         if horizon < 1:
             raise ValueError(f"reward.horizon must be >= 1, got {horizon}")
         # The society's knobs (SocialParams), not to be confused with the policy's params.
-        self.social_params = society.make_params(**dict(c.society), num_agents=a,
-                                          reward_horizon=horizon)
+        self.social_params = society.make_params(**defaults.society_fields(c), num_agents=a,
+                                                 reward_horizon=horizon)
         if self.social_params.num_users < a:
             raise ValueError(f"society.num_users={self.social_params.num_users} < "
                              f"agents.num_agents={a}")
@@ -162,9 +172,18 @@ class SocialRL:
         self.old_logprobs = policy_lib.old_logprobs_source(pdef, self.rl_config, True)
         make = grpo_lib.make_update if c.rl.algo == "grpo" else ppo_lib.make_update
         self.update = make(self.rl_config, pdef, grammar=self.grammar)
-        # Frozen post encoder: reference hidden states, mean-pooled, fixed random projection.
-        h, d = model.config.hidden_size, self.social_params.embed_dim
-        self.projection = jax.random.normal(jax.random.key(int(c.seed) + 7919), (h, d)) / np.sqrt(h)
+        # The society's frozen encoder (train.society_encoder): the sentence encoder, or the
+        # reference's hidden states, mean-pooled, through a fixed random projection.
+        self.encoder_kind = c.society.get("encoder", "reference")  # checked by config_check
+        self.encoder_graphdef = self.encoder_params = self.retokenizer = None
+        self.embed_center = self.projection = None
+        if self.encoder_kind == "minilm":
+            self.encoder_graphdef, self.encoder_params, self.retokenizer = (
+                society_encoder.load_minilm(self.tokenizer))
+        else:
+            h, d = model.config.hidden_size, self.social_params.embed_dim
+            self.projection = (jax.random.normal(jax.random.key(int(c.seed) + 7919), (h, d))
+                               / np.sqrt(h))
         self.code = c.code.enabled
         # One compiled program per epoch unless a reward is computed on the host (code bonus).
         self.fused = bool(c.train.get("fused_epoch", True)) and not self.code
@@ -173,8 +192,9 @@ class SocialRL:
         # The grammar enters each compiled program as an argument: closed over, XLA would bake
         # its [S, V] tables in as constants (and spend minutes constant-folding them).
         self.fns = make_epoch(self)  # the epoch's pure functions (train.epoch)
-        self._rollout = _BindGrammar(jax.jit(self.fns.rollout), self.grammar)
-        self._score = _BindGrammar(jax.jit(self.fns.score), self.grammar)
+        self._rollout = _BindFrozen(jax.jit(self.fns.rollout), grammar=self.grammar,
+                                    encoder=self.encoder_params)
+        self._score = _BindFrozen(jax.jit(self.fns.score), grammar=self.grammar)
         self._view = jax.jit(self.fns.view)
         self._epoch = None  # built at the first epoch, with the state's shardings pinned
         self.epoch_trace_count = 0
@@ -197,29 +217,20 @@ class SocialRL:
             post_topic = np.arange(len(code_problems.TEXTS))
         else:
             post_tok, post_topic = text_bank.tokenize(tok, corpus.posts, L), corpus.post_topic
-        # One encoder pass per text (the costly part with a real model): pooled states of the
-        # posts + comments [*, L] and of the descriptions + personas (one longer shape). The
-        # centre is their mean over the post bank: subtracting it keeps embeddings spread over
-        # directions (raw pooled states of an LLM share a large common component, which would
-        # make every post look alike to the crowd).
-        # With a checkpoint they are cached on disk (crowd_text.cache; key: the checkpoint's
-        # files, dtype, tokens) so later runs of the same model skip the pass.
-        pooled_jit = jax.jit(functools.partial(epoch_lib.pooled_states, self.pdef.graphdef))
-        cache_key = cache_dir = None
-        if c.model.checkpoint and t.get("cache", True):
-            cache_key = repr(("pooled-v1", text_bank.files_key(c.model.checkpoint),
-                              c.model.dtype, c.model.param_dtype))
-            cache_dir = os.path.join(zoo.cache_dir(), "text_bank")
-        pooled = lambda rows: text_bank.cached_rows(  # noqa: E731
-            lambda r: text_bank.embed_rows(lambda x: pooled_jit(self._init_ref, x), r),
-            rows, cache_key, cache_dir)
+        # One encoder pass per text: posts + comments [*, L] and descriptions + personas (one
+        # longer shape).
         com_tok = text_bank.tokenize(tok, corpus.comments, L)
         long_tok = text_bank.tokenize(tok, list(corpus.interests) + list(personas))
-        short = pooled(np.concatenate([post_tok, com_tok]))
-        self.embed_center = jnp.asarray(short[:len(post_tok)].mean(0))
-        project = lambda h: np.asarray(epoch_lib.project(  # noqa: E731
-            jnp.asarray(h), self.embed_center, self.projection))
-        short_emb, long_emb = project(short), project(pooled(long_tok))
+        if self.encoder_kind == "minilm":
+            # The rollout's own path: policy tokens -> text -> the encoder's tokens -> embedding.
+            embed_jit = jax.jit(functools.partial(
+                society_encoder.minilm_embed, self.encoder_graphdef, self.retokenizer))
+            embed = lambda rows: text_bank.embed_rows(  # noqa: E731
+                lambda x: embed_jit(self.encoder_params, x), rows)
+            short_emb = embed(np.concatenate([post_tok, com_tok]))
+            long_emb = embed(long_tok)
+        else:
+            short_emb, long_emb = self._reference_embeddings(c, t, post_tok, com_tok, long_tok)
         post_emb, com_emb = short_emb[:len(post_tok)], short_emb[len(post_tok):]
         nd = len(corpus.interests)
         keep = set(text_bank.topic_ids(corpus, t.get("topics", ()) or corpus.topics))
@@ -236,6 +247,29 @@ class SocialRL:
         self.crowd_center = np.asarray(normalize(self.interest_bank.embedding.mean(0)))
         self.topic_centroids = np.asarray(text_bank.topic_centroids(text_bank.make_bank(
             long_tok[:nd], long_emb[:nd], corpus.interest_topic), len(corpus.topics)))
+
+    def _reference_embeddings(self, c, t, post_tok, com_tok, long_tok):
+        """`society.encoder="reference"`: the text banks' embeddings through the reference
+        policy's pooled states (sets the centre the rollout subtracts too)."""
+        # The costly pass with a real model. The centre is the mean over the post bank:
+        # subtracting it keeps embeddings spread over directions (raw pooled states of an LLM
+        # share a large common component, which would make every post look alike to the crowd).
+        # With a checkpoint they are cached on disk (crowd_text.cache; key: the checkpoint's
+        # files, dtype, tokens) so later runs of the same model skip the pass.
+        pooled_jit = jax.jit(functools.partial(epoch_lib.pooled_states, self.pdef.graphdef))
+        cache_key = cache_dir = None
+        if c.model.checkpoint and t.get("cache", True):
+            cache_key = repr(("pooled-v1", text_bank.files_key(c.model.checkpoint),
+                              c.model.dtype, c.model.param_dtype))
+            cache_dir = os.path.join(zoo.cache_dir(), "text_bank")
+        pooled = lambda rows: text_bank.cached_rows(  # noqa: E731
+            lambda r: text_bank.embed_rows(lambda x: pooled_jit(self._init_ref, x), r),
+            rows, cache_key, cache_dir)
+        short = pooled(np.concatenate([post_tok, com_tok]))
+        self.embed_center = jnp.asarray(short[:len(post_tok)].mean(0))
+        project = lambda h: np.asarray(epoch_lib.project(  # noqa: E731
+            jnp.asarray(h), self.embed_center, self.projection))
+        return project(short), project(pooled(long_tok))
 
     def _rl_config(self, c):
         """PPOConfig / GRPOConfig from `c.rl`: every dataclass field under its own name
@@ -385,26 +419,27 @@ class SocialRL:
             metrics["code_passed"] = int((bonus > 0).sum())
         return self.place(new), metrics, self._samples(view, metrics["epoch"])
 
-    def _epoch_fn(self, state: RunState, grammar=None):
+    def _epoch_fn(self, state: RunState, grammar=None, encoder=None):
         """`fns.epoch`, counting its traces (one per compiled epoch shape)."""
         self.epoch_trace_count += 1
-        return self.fns.epoch(state, grammar)
+        return self.fns.epoch(state, grammar, encoder)
 
     def epoch_program(self, state: RunState):
-        """The jitted one-program epoch `f(state, grammar) -> (state, update metrics,
+        """The jitted one-program epoch `f(state, grammar, encoder) -> (state, update metrics,
         EpochView)`: state shardings pinned (those of `state`, as `place` gives them) and the
-        state donated. The grammar is a replicated argument, never a baked constant."""
+        state donated. The grammar and the society encoder's weights (`encoder_params`, None
+        unless `society.encoder="minilm"`) are replicated arguments, never baked constants."""
         if self._epoch is None:
             sh = self.state_shardings(state)
             rep = sharding.replicated(self.mesh)
-            self._epoch = jax.jit(self._epoch_fn, donate_argnums=0, in_shardings=(sh, rep),
+            self._epoch = jax.jit(self._epoch_fn, donate_argnums=0, in_shardings=(sh, rep, rep),
                                   out_shardings=(sh, rep, rep))
         return self._epoch
 
     def _run_fused(self, state: RunState):
         epoch = self.epoch_program(state)
         t0 = time.perf_counter()
-        new, upd, view = epoch(state, self.grammar)
+        new, upd, view = epoch(state, self.grammar, self.encoder_params)
         jax.block_until_ready(new.train.step)
         wall = time.perf_counter() - t0
         view, upd = sharding.to_host((view, upd))

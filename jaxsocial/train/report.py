@@ -138,7 +138,7 @@ def sparkline(values: Sequence[float]) -> str:
                    for v in values)
 
 
-def console_story(summary: dict, workdir: str, non_post_baseline: bool = False,
+def console_story(summary: dict, workdir: str, non_post_mode: str = "constant",
                   max_rows: int = 12, random_model: bool = False) -> str:
     """What the end of a run prints: the per-epoch trend (avg likes per post, zero-like share,
     posts; a sparkline), the best and worst post of the last epoch with their likes (with a
@@ -168,9 +168,12 @@ def console_story(summary: dict, workdir: str, non_post_baseline: bool = False,
     if random_model:
         lines.append("(a randomly initialised model writes byte noise: the posts are meant to "
                      "look like this; configs/smol.py runs a real pretrained model)")
-    if non_post_baseline:
-        lines.append("non-post answers (like, nothing, ...) are scored with the epoch's mean "
-                     "post score (reward.non_post_baseline)")
+    if non_post_mode == "mean":
+        lines.append("answers that create nothing (like, nothing, ...) are scored with the "
+                     "epoch's mean post score (reward.non_post_mode='mean')")
+    elif non_post_mode == "skip":
+        lines.append("answers that create nothing (like, nothing, ...) are left out of the "
+                     "update (reward.non_post_mode='skip')")
     files = [n for n in ("summary.md", "summary.json", "metrics.jsonl", "samples.jsonl",
                          "tensorboard", "export", "initial", "train.log")
              if os.path.exists(os.path.join(workdir, n))]
