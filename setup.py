@@ -44,7 +44,7 @@ EXTRAS = {
     # pytest-xdist: pytest.ini runs the suite on every core (-n auto, at most 4 workers).
     # The IFBench checkers are included so CI tests skill evolution (~12 s to install; datasets
     # already comes with the eval stack).
-    "test": ["pytest>=8", "pytest-xdist>=3.6,<4", "ruff>=0.17,<0.18", "torch==2.13.0",
+    "test": ["pytest>=8", "pytest-xdist>=3.7,<4", "ruff>=0.17,<0.18", "torch==2.13.0",
              "accelerate>=1.10,<2"]
     + SMOL + EVAL + NOTEBOOK + IFBENCH,
     "ifbench": IFBENCH,

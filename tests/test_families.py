@@ -362,10 +362,14 @@ def test_one_loader_reads_any_family(qwen3_checkpoint):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_type", ["qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
 def test_training_loop_smoke_per_family(model_type, qwen3_checkpoint, tmp_path):
-    """configs/demo.py:smoke with a tiny random checkpoint of each family as model.checkpoint,
-    on one device: one epoch of rollout, scoring and a PPO update gives finite metrics."""
+    """configs/demo.py:smoke with a tiny random checkpoint of a family as model.checkpoint, on
+    one device: one epoch of rollout, scoring and a PPO update gives finite metrics. The two
+    families whose parameter trees differ from Llama's (qwen2: q/k/v biases, tied embeddings;
+    qwen3: q/k norms, o bias) go through the whole loop. Mistral's difference,
+    the sliding window, is a mask inside the same attention: the parity and generation tests
+    above cover it, and a third loop epoch (about 45 s of compiling) would add nothing."""
     ckpt = qwen3_checkpoint if model_type == "qwen3" else smoke_checkpoint(tmp_path, model_type)
     c = load_config_file("configs/demo.py", "smoke")
     c.model.checkpoint = os.fspath(ckpt)
@@ -374,8 +378,7 @@ def test_training_loop_smoke_per_family(model_type, qwen3_checkpoint, tmp_path):
     mc = run.model_config
     assert mc.model_type == model_type
     assert {"qwen2": mc.qkv_bias and mc.tie_word_embeddings and mc.layer_types is not None,
-            "qwen3": mc.qk_norm and mc.o_bias,
-            "mistral": mc.sliding_window == 4}[model_type], mc
+            "qwen3": mc.qk_norm and mc.o_bias}[model_type], mc
     state = run.init_state()
     _, metrics, _ = run.run_epoch(state)
     assert metrics["ppo"] and all(np.isfinite(v) for v in metrics["ppo"].values()), metrics["ppo"]

@@ -11,7 +11,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import ROOT, load_config_file, load_launcher
+from conftest import ROOT, TEST_XLA_FLAGS, load_config_file, load_launcher
 
 from jaxsocial.social import activation, text_bank
 from jaxsocial.social.state import SocialParams
@@ -21,7 +21,7 @@ IFBENCH = os.path.join(ROOT, "tests", "fixtures", "ifbench_sample.jsonl")
 
 def _console(args, cwd=ROOT):
     """Run a launcher; -> (exit status, stderr lines)."""
-    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=TEST_XLA_FLAGS, JAX_PLATFORMS="cpu")
     p = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
                        text=True, timeout=120)
     return p.returncode, p.stderr.strip().splitlines()

@@ -230,7 +230,10 @@ def test_sigint_before_the_first_epoch_is_named(tmp_path, monkeypatch):
             time.sleep(5)  # the handler raises inside this sleep
             raise AssertionError("SIGINT did not stop the set-up")
     monkeypatch.setattr(loop, "SocialRL", Interrupted)
+    # Python's default_int_handler, or SIG_IGN when pytest was started in the background by a
+    # non-interactive shell: either way the runner's handler must give it back.
+    before = signal.getsignal(signal.SIGINT)
     summary = runner.train(c, str(tmp_path / "w"))
     assert summary["stopped"] == "SIGINT" and summary["epochs"] is None
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    assert signal.getsignal(signal.SIGINT) is before  # put back
     workdir_lock.check_free(str(tmp_path / "w"))  # and the lock released

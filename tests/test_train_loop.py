@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import ONE_DEVICE_ENV
+from conftest import ONE_DEVICE_ENV, TEST_XLA_FLAGS
 
 from jaxsocial.train import checkpointing, loop, report, runner, sharding
 
@@ -291,7 +291,7 @@ def test_two_processes_agree_with_one(smoke, smoke_full, tmp_path):
         port = s.getsockname()[1]
     procs = []
     env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+               XLA_FLAGS=TEST_XLA_FLAGS + " --xla_force_host_platform_device_count=4")
     try:
         for i in range(2):
             procs.append(subprocess.Popen(
