@@ -4,14 +4,15 @@
     python launch/train.py --config=configs/demo.py:smoke      # a few ticks, one update (tests)
 
 Crowd users like posts whose embedding is close to their interests. The embedding is the
-society's encoder (`society.encoder`): by default the frozen reference model's pooled hidden
-state through a random projection, which for this random model has no semantics;
-`--config.society.encoder=minilm --config.society.embed_dim=384` makes it all-MiniLM-L6-v2's
-sentence embedding of the post's text. Crowd attention is fixed (active users x feed size), so
-rewarding raw likes makes agents post more and dilutes likes per post; with
-`reward.non_post_mode="mean"` an answer that creates nothing earns the epoch's mean post score.
-Measured on this config (docs/train.md): likes per post rise while the agents fall silent
-(posts fall, total likes halve), so that default is under review.
+society's encoder: here all-MiniLM-L6-v2 (`society.encoder="minilm"`), so "close to cooking" is
+a statement about the posts' text. A random model's byte noise sits far from every topic
+(cosine to the crowd's interests about 0.05), so the like curve is steep and shifted for this
+space (`like_bias=-4`, `like_sim=20`: about 7 likes per post at the start, a few more per
+0.01 of cosine). With `reward.non_post_mode="mean"` an answer that creates nothing earns the
+epoch's mean post score. The `:smoke` variant keeps the reference space (the frozen policy's
+pooled states; no encoder in the tests that build it) and the curve tuned for it. Sized to take
+about 5 minutes on an idle 2-core CPU; what it shows, with seeds and a frozen control:
+docs/train.md, "What the demo learns".
 """
 from jaxsocial.train import defaults
 
@@ -28,21 +29,23 @@ def get_config(arg=None):
     # post does not dominate an epoch's average).
     c.crowd_text.topics = ("cooking",)
     c.society.update(defaults.taste_driven_society(num_users=2048, feed_size=4))
+    c.society.update(encoder="minilm", embed_dim=384, like_bias=-4.0, like_sim=20.0)
     # Answers that create no post earn the epoch's mean post score: the policy is rewarded for
     # posts that beat the average (what the crowd likes), not for posting more.
     c.reward.non_post_mode = "mean"
-    c.rollout.ticks_per_epoch = 16
+    c.rollout.ticks_per_epoch = 12
     c.rollout.max_new_tokens = 16
     c.rollout.temperature = 1.0
     c.rl.algo = "ppo"
     c.rl.lr = 1e-3                   # tiny random model: far above the 8B default (3e-6)
     c.rl.kl_coef = 0.01
-    c.rl.ppo_epochs = 4
-    c.rl.minibatches = 2
-    c.train.epochs = 12
+    c.rl.ppo_epochs = 2
+    c.rl.minibatches = 1
+    c.train.epochs = 10
     c.train.checkpoint_every = 2
     if arg == "smoke":
-        defaults.smoke(c)
+        defaults.smoke(c)  # embed_dim=16
+        c.society.update(encoder="reference", like_bias=-5.0, like_sim=8.0)
     elif arg:
         raise ValueError(f"unknown demo variant {arg!r}; use configs/demo.py or :smoke")
     return c
