@@ -66,7 +66,7 @@ def _main(mod, capsys, *args, **overrides):
     ("reward.non_post_mode", "zero", ("reward.non_post_mode='zero'", "constant, mean, skip")),
     ("reward.non_post_baseline", True, ("reward.non_post_baseline is no longer a key",
                                         "reward.non_post_mode='mean'")),
-    ("rl.kl_per", "seq", ("rl.kl_per='seq'", "'token' or 'sequence'")),
+    ("rl.kl_per", "seq", ("rl.kl_per='seq'", "('token', 'sequence')")),
     ("rl.lr", -1e-3, ("rl.lr=-0.001 must be >= 0",)),
 ])
 def test_config_check_names_the_bad_key(key, value, named):

@@ -127,7 +127,7 @@ def check(config: ml_collections.ConfigDict) -> None:
          "reward.non_post_baseline is no longer a key: use reward.non_post_mode='mean' (the "
          "epoch's mean post score), 'constant' (reward.non_post) or 'skip'")
     kl_per = _get(config, "rl.kl_per", "token")
-    need(kl_per in KL_PER, f"rl.kl_per={kl_per!r}; choose 'token' or 'sequence'")
+    need(kl_per in KL_PER, f"rl.kl_per={kl_per!r}; choose one of {KL_PER}")
     need(not (kl_per != "token" and algo == "grpo"), f"rl.kl_per={kl_per!r} shapes PPO's KL "
          f"penalty in the reward; GRPO charges its KL in the loss (rl.kl_coef, "
          f"rl.loss_aggregation): leave rl.kl_per='token'")
