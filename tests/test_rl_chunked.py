@@ -252,7 +252,7 @@ def test_update_temp_bytes_stay_below_one_full_logits_array(mem_setup):
     pdef, params, ref, traj = mem_setup
     scfg = sampling_lib.SamplingConfig(temperature=1.0)
 
-    def old_loss(w):  # the pre-chunking implementation: full [B, R, V] logits
+    def old_loss(w):  # a full-logits implementation: [B, R, V] logits in one piece
         model = nnx.merge(pdef.graphdef, w)
         ids = jnp.concatenate([traj.prompt_tokens, traj.response_tokens], 1)
         mask = jnp.concatenate([traj.prompt_mask, traj.response_mask], 1)

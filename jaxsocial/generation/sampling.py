@@ -183,10 +183,11 @@ def sample(key: Array, logits: Array, config: SamplingConfig,
 
 def _inverse_cdf(key: Array, lp: Array) -> Array:
     """One draw per row from log-probs lp [B, V] with one uniform per row (inverse CDF), not
-    V Gumbel draws (`jax.random.categorical`): 3.6x faster at V = 8K, 3.7x at 128K on CPU
-    (benchmarks/decode_profile.py). The token is the first index whose cumulative probability
-    exceeds u * total, so a zero-probability token is never drawn (its cumulative sum equals its
-    predecessor's) and float32 rounding of the total cannot push u past the last token."""
+    V Gumbel draws (`jax.random.categorical`, measured slower on XLA:CPU at large V;
+    `benchmarks/decode_profile.py --top_k 0 --top_p 1` times this draw in its `sampling`
+    column). The token is the first index whose cumulative probability exceeds u * total, so a
+    zero-probability token is never drawn (its cumulative sum equals its predecessor's) and
+    float32 rounding of the total cannot push u past the last token."""
     c = jnp.cumsum(jnp.exp(lp), axis=-1)
     u = jax.random.uniform(key, (lp.shape[0], 1)) * c[:, -1:]
     return jnp.minimum(jnp.sum(c <= u, axis=-1), lp.shape[-1] - 1).astype(jnp.int32)

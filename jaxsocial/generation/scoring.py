@@ -153,9 +153,9 @@ def token_stats(hidden: jax.Array, unembed: jax.Array, tokens: jax.Array, scfg, 
         logits = jnp.matmul(x["h"], w.astype(x["h"].dtype), preferred_element_type=jnp.float32)
         allowed = None if table is None else table[x["state"]]
         # log p(token) = z[token] - logsumexp(z): one exp pass, no [B, c, V] log-softmax
-        # materialised (2x faster forward + backward than log_softmax + gather on CPU,
-        # benchmarks/update_profile.py). The max is a constant for the gradient (logsumexp
-        # does not depend on it).
+        # materialised (faster forward + backward than log_softmax + gather on XLA:CPU:
+        # benchmarks/update_profile.py's head rows). The max is a constant for the gradient
+        # (logsumexp does not depend on it).
         z = sampling_lib.sampling_logits(logits, scfg, allowed)
         m = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
         e = jnp.exp(z - m)

@@ -206,7 +206,7 @@ def old_logprobs_source(pdef: PolicyDef, cfg, have_rollout: bool) -> str:
     """The static rule for where `score_batch` takes the old log-probs: "rollout" or "rescore".
 
     cfg.old_logprobs (default "auto"):
-      "rescore": a policy forward re-scores the response (as before; the reference for tests);
+      "rescore": a policy forward re-scores the response (the reference in tests);
       "rollout": the rollout's own sampled-token log-probs (ValueError when none are passed);
       "auto":    the rollout's when they are passed and exact — the policy computes in
                  float32 (`pdef.compute_dtype`), where the generator's log-probs (cached
