@@ -236,7 +236,7 @@ def _evaluate(flags_, out_dir: str) -> dict:
             skipped["alpaca"] = "needs --judge=DIR (a judge checkpoint)"
         elif not os.path.isfile(path):
             skipped["alpaca"] = (f"alpaca data file not found: {path} (give --alpaca_file or "
-                                 f"--data_dir; see docs/eval.md)")
+                                 f"--data_dir; expected: {alpaca.INSTRUCTIONS_FORMAT})")
     tasks = [t for t in tasks if t not in skipped]
     if not tasks:
         raise ValueError("nothing to evaluate: " + "; ".join(f"{t}: {why}"

