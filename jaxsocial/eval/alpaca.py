@@ -72,8 +72,9 @@ def load_difficulty(path: str) -> dict:
     """instruction -> difficulty, from JSON ({instruction: value} or a list of objects) or CSV,
     with columns/keys "instruction" and "instruction_difficulty"."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"alpaca difficulty file not found: {path} (alpaca_eval ships "
-                                "instruction_difficulty.csv with its length-controlled metric)")
+        raise FileNotFoundError(f"alpaca difficulty file not found: {path} (expected: CSV or "
+                                "JSON with columns/keys instruction, instruction_difficulty; "
+                                "no PyPI package ships AlpacaEval's difficulty file)")
     try:
         if path.endswith(".csv"):
             with open(path, newline="", encoding="utf-8") as f:
