@@ -251,8 +251,9 @@ def run_oasis(python: str, fn: str, post_table_args: dict, n_users: int, k: int,
     with tempfile.TemporaryDirectory() as d:
         np.savez(os.path.join(d, "in.npz"), n_users=n_users, k=k, calls=calls, fn=fn,
                  **{a: np.asarray(v) for a, v in post_table_args.items()})
+        # cwd = the temporary folder: importing OASIS writes log files under ./log/
         res = subprocess.run([python, os.path.abspath(__file__), "--oasis_worker", d],
-                             capture_output=True, text=True, cwd=ROOT)
+                             capture_output=True, text=True, cwd=d)
         out = os.path.join(d, "out.json")
         if res.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(f"OASIS worker failed ({python}):\n{res.stderr[-3000:]}")
