@@ -1,7 +1,13 @@
-"""memory.estimate against XLA's own memory_analysis: programs compiled here on abstract weights
-(`jaxsocial.train.aot`) at small shapes the estimator's terms were not set against (the PPO
-update on 1 and 8 fake devices, demo.py:smoke's one-program epoch), and configs/general.py's
-programs at full depth as recorded from `benchmarks/aot_memory.py` (docs/scaling.md)."""
+"""memory.estimate against XLA's own memory_analysis of programs compiled here, on abstract
+weights (`jaxsocial.train.aot`), at shapes the estimator's terms were not set against: the PPO
+update on 1 and 8 fake devices, and demo.py:smoke's one-program epoch with its layers unrolled
+on one device and scanned on (1, 8, 1). Each comparison has a negative control: an estimate
+without its working set, or with a wrong term, misses the same bound.
+
+The estimator's terms were read from configs/general.py's programs compiled at full depth
+(`benchmarks/aot_memory.py`, whose result files under benchmarks/results/ docs/scaling.md
+quotes); those figures are documentation, not pinned here: agreeing with the figures a model
+was fitted to tests nothing."""
 import dataclasses
 
 import jax
@@ -126,9 +132,7 @@ def test_general_py_abstract_run_estimates_the_whole_epochs_rows():
     assert 0 < full.programs["rollout"] - few.programs["rollout"] < 0.7 * memory.GiB
     # The prefill runs in 8 chunks of 184 prompt tokens (`SamplingConfig.prefill_chunks`),
     # each under model.attention_chunk=256's query block, so the block does not change the
-    # rollout (it still blocks scoring's and the update's 1600-token forwards). A whole-prompt
-    # prefill without query blocks would hold every layer's [96, heads, 1472, S] scores (XLA:
-    # 1718 vs 52 GiB per device on (1, 8, 1)).
+    # rollout (it still blocks scoring's and the update's 1600-token forwards).
     assert run.model_config.attention_chunk == 256
     run.model_config = run.model_config.replace(num_hidden_layers=32)  # the 8B's depth
     chunked = run.memory_estimate()
@@ -138,124 +142,58 @@ def test_general_py_abstract_run_estimates_the_whole_epochs_rows():
     assert unblocked.programs["score"] > 2 * chunked.programs["score"]
 
 
-def test_the_one_program_epoch_compiles_abstractly_and_donates_its_state():
+def test_general_py_estimate_counts_the_society_and_the_grammar():
+    """The society (an argument and an output of the rollout, both copies alive beside
+    scoring) and the grammar (an argument of scoring) are in general.py's scoring estimate, as
+    `SocialRL.memory_estimate` passes them (`general_sizes`), on 8 x H100's (1, 8, 1)."""
+    sizes = general_sizes()
+    mesh_shape = (1, 8, 1)
+    cfg = llama.preset("llama3_8b", dtype="bfloat16", param_dtype="bfloat16", remat=True,
+                       attention_chunk=256, scan_layers=True)
+    rows = 320 * 96
+
+    def est(**kw):
+        return memory.estimate(cfg, mesh_shape, batch=96, prompt_len=1472, response_len=128,
+                               train_micro_batch=8, remat=True, trajectories=rows,
+                               minibatch_rows=rows // 8, score_micro_batch=8,
+                               score_sharded=True, attention_chunk=256, scan_layers=True,
+                               **{**sizes, **kw})
+
+    soc = memory.society_bytes(sizes["social_params"], mesh_shape,
+                               text_rows=sizes["text_rows"])
+    assert soc > 0 and sizes["grammar_bytes"] > 0
+    full, bare = est(), est(social_params=None, grammar_bytes=0)
+    assert full.programs["score"] - bare.programs["score"] >= 2 * soc + sizes["grammar_bytes"]
+
+
+@pytest.mark.parametrize("scan_layers,mesh_shape", [(False, (1, 1, 1)), (True, (1, 8, 1))])
+def test_the_one_program_epoch_compiles_abstractly_and_donates_its_state(scan_layers,
+                                                                         mesh_shape):
     """`aot.compile_epoch(programs=("epoch",))`: the fused epoch of demo.py:smoke compiles on
-    abstract weights, and its new state reuses the donated state's buffers (alias > 0)."""
+    abstract weights, and its new state reuses the donated state's buffers (alias > 0); the
+    layers unrolled on one device, and scanned (`model.scan_layers`, general.py's setting)
+    with fsdp over 8 devices."""
     from conftest import load_config_file
 
     c = load_config_file("configs/demo.py", "smoke")
-    run = aot.abstract_run(c, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    c.model.scan_layers = scan_layers
+    c.mesh.shape = mesh_shape
+    n = mesh_shape[0] * mesh_shape[1] * mesh_shape[2]
+    run = aot.abstract_run(c, sharding.make_mesh(mesh_shape, jax.devices()[:n]))
+    assert run.model_config.scan_layers == scan_layers
     (mem,) = aot.compile_epoch(run, programs=("epoch",))
     state_bytes = aot.per_device_bytes(aot.abstract_state(run))
     assert mem.name == "epoch" and mem.argument >= state_bytes
     assert mem.alias >= 0.5 * aot.per_device_bytes(aot.abstract_state(run).train), mem
     # The estimate the run's memory check uses, against this compile: shapes the estimator's
-    # terms were not set against (the tiny preset's update without remat was set at 520 and
-    # 1032 tokens; here 448 + 8, 32 rows). Bound 20%, as for the full-depth figures; the
-    # working set (the update's saved activations) is nearly all of the program here, so an
-    # estimate without it fails the bound.
+    # terms were not set against (the tiny preset, 448 + 8 tokens, 32 rows; the scanned terms
+    # were read from 8B and 1B programs only). Bound 20%; the working set (the update's saved
+    # activations) is nearly all of the program here, so an estimate without it fails the
+    # bound (negative control).
     est = run.memory_estimate()
     assert run.fused and abs(est.programs["epoch"] - mem.total) / mem.total < 0.2, (
         est.programs["epoch"], mem)
     assert (est.programs["epoch"] - est.working["epoch"]) / mem.total < 0.8
-
-
-# XLA's own per-device count of configs/general.py's programs at the presets' full depth (GiB;
-# CPU memory-minimising scheduler), recorded from (docs/scaling.md, 2026-12-02)
-#   python benchmarks/aot_memory.py --rows=h100,v5e64,h200_1b,lora --programs=epoch
-#   python benchmarks/aot_memory.py --rows=h100,v5e64,h200_1b,lora --programs=rollout,score,update
-# row -> (preset, mesh, rl.minibatches, rl.lora_rank, {program: XLA GiB}).
-XLA_GIB = {
-    "h100": ("llama3_8b", (1, 8, 1), 8, 0,
-             {"epoch": 60.34, "rollout": 16.64, "score": 9.36, "update": 65.87}),
-    "v5e64": ("llama3_8b", (4, 16, 1), 4, 0,
-              {"epoch": 18.12, "rollout": 9.61, "score": 4.02, "update": 20.73}),
-    "h200_1b": ("llama3_2_1b", (1, 1, 1), 4, 0,
-                {"epoch": 34.09, "rollout": 31.55, "score": 11.23, "update": 41.07}),
-    "lora": ("llama3_8b", (8, 1, 1), 4, 16,
-             {"epoch": 111.37, "rollout": 36.91, "score": 31.84, "update": 113.19}),
-}
-# The same programs with the decoder layers scanned (`model.scan_layers=True`, general.py's
-# setting; the figures above are compiled with `--set model.scan_layers=False`) and the prefill
-# in chunks (`SamplingConfig.prefill_chunk`, 8 chunks of 184 prompt tokens; the figures above
-# use the whole-prompt prefill), recorded from (docs/scaling.md, 2026-12-01)
-#   python benchmarks/aot_memory.py --rows=h100,v5e64,h200_1b,lora --programs=epoch
-#   python benchmarks/aot_memory.py --rows=h100,v5e64,h200_1b,lora --programs=rollout,score,update
-# row -> {program: XLA GiB} (preset, mesh and settings as in XLA_GIB).
-XLA_GIB_SCAN = {
-    "h100": {"epoch": 21.55, "rollout": 21.55, "score": 14.74, "update": 26.05},
-    "v5e64": {"epoch": 13.79, "rollout": 12.12, "score": 7.26, "update": 12.28},
-    "h200_1b": {"epoch": 37.84, "rollout": 34.57, "score": 18.08, "update": 32.80},
-    "lora": {"epoch": 105.93, "rollout": 74.49, "score": 70.81, "update": 115.50},
-}
-# The documented launch meshes where the rows above do not fit (docs/scaling.md): the scanned
-# one-program epoch with the chunked prefill, recorded 2026-12-01 from
-#   python benchmarks/aot_memory.py --rows=v5e64_2x32,lora_fsdp --programs=epoch
-# row -> (preset, mesh, rl.minibatches, rl.lora_rank, {"epoch": XLA GiB}).
-XLA_GIB_LAUNCH = {
-    "v5e64_2x32": ("llama3_8b", (2, 32, 1), 4, 0, {"epoch": 8.66}),
-    "lora_fsdp": ("llama3_8b", (1, 8, 1), 8, 16, {"epoch": 16.64}),
-}
-def _general_estimate(row, **kw):
-    """memory.estimate as SocialRL.memory_estimate calls it for configs/general.py on `row`:
-    96 prompts per tick (prompt 1472 tokens under the in-repo tokenizer, 128 new), 320 ticks
-    = 30,720 trajectories, micro-batches of 8, attention blocks of 256, remat, bf16."""
-    preset, mesh, minibatches, lora_rank, _ = {**XLA_GIB, **XLA_GIB_LAUNCH}[row]
-    cfg = llama.preset(preset, dtype="bfloat16", param_dtype="bfloat16", remat=True,
-                       attention_chunk=256)
-    rows = 320 * 96
-    kw.setdefault("scan_layers", False)
-    # The unrolled figures were compiled before the chunked prefill: one whole-prompt forward.
-    kw.setdefault("prefill_chunk", None if kw["scan_layers"] else 0)
-    return memory.estimate(cfg, mesh, batch=96, prompt_len=1472, response_len=128,
-                           train_micro_batch=8, remat=True, trajectories=rows,
-                           minibatch_rows=rows // minibatches, score_micro_batch=8,
-                           score_sharded=True, attention_chunk=256, lora_rank=lora_rank,
-                           **{**general_sizes(), **kw})
-
-
-@pytest.mark.parametrize("row", sorted(XLA_GIB))
-def test_fused_epoch_estimate_within_20_percent_of_recorded_xla(row):
-    """memory.estimate(donate=True) -- what SocialRL.memory_estimate gives the one-program
-    epoch -- against XLA's figure for the same program at full depth."""
-    xla_gib = XLA_GIB[row][-1]["epoch"]
-    fused = _general_estimate(row, donate=True)
-    assert fused.peak == fused.programs["epoch"]
-    ratio = fused.peak / memory.GiB / xla_gib
-    assert 0.8 <= ratio <= 1.2, (row, fused.peak / memory.GiB, xla_gib)
-
-
-def test_estimates_without_their_working_sets_miss_the_recorded_xla_figures():
-    """Negative control for the tests around it: each program's estimate less its working set
-    (`MemoryEstimate.working`: what it adds to the arguments, outputs and run state) misses
-    XLA's figure by more than the 20% bound, for every row and program, unrolled and scanned."""
-    for scan, figures in ((False, {r: XLA_GIB[r][-1] for r in XLA_GIB}), (True, XLA_GIB_SCAN)):
-        for row, progs in figures.items():
-            fused = _general_estimate(row, donate=True, scan_layers=scan)
-            three = _general_estimate(row, scan_layers=scan)
-            for prog, xla_gib in progs.items():
-                est = fused if prog == "epoch" else three
-                bare = (est.programs[prog] - est.working[prog]) / memory.GiB
-                assert bare / xla_gib < 0.8, (scan, row, prog, round(bare / xla_gib, 3))
-
-
-@pytest.mark.parametrize("row", sorted(XLA_GIB))
-def test_three_program_estimates_within_20_percent_of_recorded_xla(row):
-    """The rollout, scoring and update terms (the epoch as three programs, e.g. with the
-    code-sandbox bonus) against XLA's figure for each program, as the benchmark counts it:
-    the program's arguments, outputs and temporaries plus the run state it does not take."""
-    est = _general_estimate(row)
-    assert "epoch" not in est.programs
-    for prog in ("rollout", "score", "update"):
-        ratio = est.programs[prog] / memory.GiB / XLA_GIB[row][-1][prog]
-        assert 0.8 <= ratio <= 1.2, (row, prog, round(ratio, 3))
-    # The society (an argument and an output of the rollout, both copies alive beside
-    # scoring) and the grammar (an argument) are counted: 0.15 + 0.71 GiB on one device.
-    sizes = general_sizes()
-    bare = _general_estimate(row, social_params=None, grammar_bytes=0)
-    soc = memory.society_bytes(sizes["social_params"], XLA_GIB[row][1],
-                               text_rows=sizes["text_rows"])
-    assert est.programs["score"] - bare.programs["score"] >= 2 * soc + sizes["grammar_bytes"]
 
 
 def test_society_bytes_count_the_state_reset_builds():
@@ -292,66 +230,3 @@ def test_rows_split_along_the_largest_dividing_data_axes():
     assert sh["b"].spec == jax.sharding.PartitionSpec()
     for rows, split in [(96, 16), (8, 4), (30720, 64), (3, 1)]:
         assert memory.row_split(rows, {"data": 4, "fsdp": 16, "tensor": 1}) == split
-
-
-@pytest.mark.parametrize("row", sorted(XLA_GIB_SCAN))
-def test_scanned_layers_estimates_within_20_percent_of_recorded_xla(row):
-    """memory.estimate(scan_layers=True) -- what SocialRL.memory_estimate gives general.py
-    (model.scan_layers=True) -- against XLA's figures for the scanned programs: the one-program
-    epoch and the three programs, at full depth."""
-    fused = _general_estimate(row, donate=True, scan_layers=True)
-    three = _general_estimate(row, scan_layers=True)
-    for prog, xla_gib in XLA_GIB_SCAN[row].items():
-        est = (fused if prog == "epoch" else three).programs[prog]
-        ratio = est / memory.GiB / xla_gib
-        assert 0.8 <= ratio <= 1.2, (row, prog, round(ratio, 3))
-
-
-@pytest.mark.parametrize("row", sorted(XLA_GIB_LAUNCH))
-def test_launch_meshes_fit_and_their_estimates_within_20_percent_of_recorded_xla(row):
-    """The v5e-64 and LoRA launch meshes (fsdp 32; LoRA's base over fsdp 8): the scanned
-    one-program epoch's estimate within 20% of XLA's recorded figure and under the device's
-    90%."""
-    est = _general_estimate(row, donate=True, scan_layers=True).peak / memory.GiB
-    xla_gib = XLA_GIB_LAUNCH[row][-1]["epoch"]
-    device_gib = {"v5e64_2x32": 15.75, "lora_fsdp": 79.6}[row]
-    assert 0.8 <= est / xla_gib <= 1.2, (row, round(est / xla_gib, 3))
-    assert est < 0.9 * device_gib, (row, est)
-    # Negative control: the same run on the XLA_GIB row's mesh (LoRA: base replicated on
-    # (8, 1, 1); v5e-64: fsdp 16 on (4, 16, 1)) is estimated far from this figure.
-    other = {"v5e64_2x32": "v5e64", "lora_fsdp": "lora"}[row]
-    assert _general_estimate(other, donate=True, scan_layers=True).peak / memory.GiB \
-        > 1.4 * xla_gib
-
-
-def test_scanned_and_unrolled_estimates_each_fail_the_others_figures():
-    """Negative control: the unrolled estimate misses the scanned programs' figures (the
-    deferred full-size layer gradients of `h100`'s update are gone, the stacked float32
-    layers of the rollout and scoring are new), and the scanned estimate misses the
-    unrolled figures, by more than the bound."""
-    unrolled = {row: _general_estimate(row, donate=True) for row in XLA_GIB}
-    scanned = {row: _general_estimate(row, donate=True, scan_layers=True) for row in XLA_GIB}
-    three_u = {row: _general_estimate(row) for row in XLA_GIB}
-    three_s = {row: _general_estimate(row, scan_layers=True) for row in XLA_GIB}
-    ratio = lambda est, xla: est / memory.GiB / xla  # noqa: E731
-    assert ratio(unrolled["h100"].peak, XLA_GIB_SCAN["h100"]["epoch"]) > 2
-    assert ratio(three_u["h100"].programs["update"], XLA_GIB_SCAN["h100"]["update"]) > 2
-    assert ratio(three_u["lora"].programs["rollout"], XLA_GIB_SCAN["lora"]["rollout"]) < 0.6
-    assert ratio(three_u["h200_1b"].programs["score"], XLA_GIB_SCAN["h200_1b"]["score"]) < 0.8
-    assert ratio(scanned["h100"].peak, XLA_GIB["h100"][-1]["epoch"]) < 0.5
-    assert ratio(three_s["lora"].programs["score"], XLA_GIB["lora"][-1]["score"]) > 2
-    assert ratio(three_s["h200_1b"].programs["score"], XLA_GIB["h200_1b"][-1]["score"]) > 1.2
-
-
-def test_the_chunked_prefill_fits_v5e64_on_4x16():
-    """With the prompt prefilled in chunks that attend to the filled slots only, general.py's
-    scanned one-program epoch is estimated within 5% of XLA's recorded figure on TPU v5e-64's
-    (4, 16, 1) mesh and under its 90% headroom; the whole-prompt prefill's estimate is not
-    (negative control: the prefill term moves the verdict)."""
-    headroom = 0.9 * 15.75  # 16 GB v5e chips, 15.75 GiB usable
-    chunked = _general_estimate("v5e64", donate=True, scan_layers=True).peak / memory.GiB
-    whole = _general_estimate("v5e64", donate=True, scan_layers=True,
-                              prefill_chunk=0).peak / memory.GiB
-    assert chunked < headroom, chunked
-    assert abs(chunked / XLA_GIB_SCAN["v5e64"]["epoch"] - 1) < 0.05, chunked
-    assert whole > headroom, whole
