@@ -26,9 +26,9 @@ xla_gib is the epoch's per-device peak (the largest program's argument + output 
 plus the buffers the loop keeps alive beside it); fits = xla_gib <= 90% of the device's memory
 (the headroom `memory.check_fits` uses). --layers N compiles an N-layer variant of the preset
 (memory is then reported for N layers); --layers A,B extrapolates linearly from A and B
-layers, which misleads: at 8B the unrolled 1- and 2-layer programs miss the per-layer float32
-weight gradients XLA keeps from ~4 layers on (h100 epoch: 21.1 GiB extrapolated, 60.3
-compiled), and with scanned layers the 1 -> 2 layer difference is no per-layer cost.
+layers, which misleads: XLA's buffer assignment is not affine in the layer count (unrolled
+8B programs keep per-layer float32 weight gradients only from a few layers on), and with
+scanned layers the 1 -> 2 layer difference is no per-layer cost.
 --cpu-scheduler (default memory): XLA's CPU backend by default schedules for concurrency and
 issues independent work as early as it can -- every layer's fsdp weight all-gathers at the top
 of the rollout's tick loop (v5e-64: ~2.2 GiB per layer); the TPU/GPU schedulers bound memory,

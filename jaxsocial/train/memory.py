@@ -6,13 +6,10 @@ and the rollout/update shapes.
 Sharding follows `jaxsocial.train.sharding.LOGICAL_AXIS_RULES` (fsdp shards the embed axis,
 tensor shards heads/mlp/vocab; the rows split as `sharding.row_axes` splits them). Each term
 is a buffer XLA allocates for the program (read from the buffer assignment of the compiled
-programs: `benchmarks/aot_memory.py`), counted from the shapes; the figures agree with XLA's
-own `memory_analysis()` within 10% on configs/general.py's four targets (8B on (1, 8, 1),
-(4, 16, 1), LoRA on (8, 1, 1), 1B on one device), rollout, scoring, update and fused epoch,
-compiled at full depth on the CPU backend (its memory-minimising scheduler), with the decoder
-layers unrolled and scanned (`scan_layers`: within 4%): docs/scaling.md, pinned by
-tests/test_aot_memory.py, which also compares the estimate with programs it compiles at small
-shapes the terms were not set against (the PPO update, demo.py:smoke's epoch). CPU caveat:
+programs of configs/general.py at full depth on the CPU backend: `benchmarks/aot_memory.py`,
+whose result files docs/scaling.md quotes), counted from the shapes. tests/test_aot_memory.py
+compares the estimate with programs it compiles at small shapes the terms were not set against
+(the PPO update on 1 and 8 devices, demo.py:smoke's epoch unrolled and scanned). CPU caveat:
 the CPU widens bf16 dots to float32 (the float32 weight and LM-head copies counted here) and
 packs temporaries less tightly than a GPU/TPU allocator, so these are upper bounds there.
 Without remat the per-layer count of Korthikanti et al. (2022) is used besides the
