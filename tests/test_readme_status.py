@@ -1,0 +1,141 @@
+"""The README's Status table quotes only recorded figures: every number in a row's state cell
+is found in a benchmark result file (benchmarks/results/*.json) that the same row names, to the
+precision the README prints it. Command lines and file names sit in backticks and are not
+figures; names such as Llama-3 or all-MiniLM-L6-v2 are not either (a digit glued to a letter or
+a hyphen). Each check has a negative control that the same function rejects."""
+import json
+import math
+import os
+import re
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+
+CITED = re.compile(r"benchmarks/results/([A-Za-z0-9_.\-]+\.json)")
+# A figure: digits with optional thousands separators, decimals or an exponent, bare or with a
+# unit (x, s, ms, min, GiB, MiB, GB, MB, %). Not a figure: digits glued to a letter, slash or dot
+# before them (Qwen2, v5e, 0.2.5), after a letter and a hyphen (Llama-3, v5e-64), followed by a
+# hyphen and a letter (2-core) or by letters that are no unit (SmolLM2-135M, 19M). The upper end
+# of a range (24-31%) is a figure.
+FIGURE = re.compile(
+    r"(?<![\w/.])(?<![A-Za-z]-)(?<!\d,)"
+    r"(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(e[-+]?\d+)?"
+    r"(?!\d)(?![,.]\d)(?!-[A-Za-z])"
+    r"(?=(?:x|s|ms|min|GiB|MiB|GB|MB|%)?(?![A-Za-z]))"
+    r"(%|\s?GiB|\s?MiB)?")
+# Units a result file may hold in another form: a percentage as a fraction, GiB / MiB as bytes.
+SCALES = {"%": 0.01, "GiB": 2.0 ** 30, "MiB": 2.0 ** 20}
+
+
+def status_rows(text: str) -> list:
+    """(area, state) of every row of the table under '## Status'."""
+    start = text.index("\n## Status")
+    end = text.find("\n## ", start + 5)
+    rows = []
+    for line in text[start:end if end > 0 else None].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) >= 2 and not set(cells[0]) <= set("-: "):
+            rows.append((cells[0], "|".join(cells[1:])))
+    return rows[1:]  # the header row
+
+
+def figures(cell: str) -> list:
+    """(text, value, half of the last printed digit, unit or '') of each figure in `cell`,
+    backtick spans left out."""
+    plain = re.sub(r"`[^`]*`", " ", cell)
+    out = []
+    for m in FIGURE.finditer(plain):
+        whole, frac, exp = m.group(1), m.group(2) or "", m.group(3) or ""
+        unit = (m.group(4) or "").strip()
+        value = float(whole.replace(",", "") + frac + exp)
+        decimals = len(frac) - 1 if frac else 0
+        half = 0.5 * 10.0 ** (-decimals) * (10.0 ** int(exp[1:]) if exp else 1.0)
+        out.append((m.group(0), value, half, unit))
+    return out
+
+
+def numbers(obj) -> list:
+    """Every number in a JSON value (bools left out)."""
+    if isinstance(obj, dict):
+        return [x for v in obj.values() for x in numbers(v)]
+    if isinstance(obj, list):
+        return [x for v in obj for x in numbers(v)]
+    if isinstance(obj, (int, float)) and not isinstance(obj, bool) and math.isfinite(obj):
+        return [float(obj)]
+    return []
+
+
+def row_problems(state: str, results_dir: str) -> list:
+    """Why a row's figures are not all backed by the result files it names (empty: backed)."""
+    figs = figures(state)
+    names = sorted(set(CITED.findall(state)))
+    if figs and not names:
+        return [f"figures {[f[0] for f in figs]} but no benchmarks/results/ file named"]
+    pool, problems = [], []
+    for name in names:
+        path = os.path.join(results_dir, name)
+        if not os.path.exists(path):
+            problems.append(f"{name} does not exist")
+            continue
+        with open(path) as f:
+            pool += numbers(json.load(f))
+    for text, value, half, unit in figs:
+        scales = (1.0, SCALES[unit]) if unit else (1.0,)
+        if not any(abs(x - value * k) <= half * k * (1 + 1e-9) for x in pool for k in scales):
+            problems.append(f"{text!r} is in none of {names}")
+    return problems
+
+
+def test_every_status_figure_is_in_a_result_file_the_row_names():
+    with open(README) as f:
+        rows = status_rows(f.read())
+    assert len(rows) >= 8, rows
+    results = os.path.join(ROOT, "benchmarks", "results")
+    bad = {area: p for area, state in rows if (p := row_problems(state, results))}
+    assert not bad, bad
+    # The table quotes figures at all (a table without numbers would pass trivially).
+    assert sum(len(figures(state)) for _, state in rows) >= 10
+
+
+@pytest.fixture
+def result_dir(tmp_path):
+    with open(tmp_path / "x-20260101T000000Z.json", "w") as f:
+        json.dump({"figures": {"ratio": 2.3412, "tok_s": 1081.4, "share": 0.614,
+                               "n": 1000000}}, f)
+    with open(tmp_path / "y-20260101T000000Z.json", "w") as f:
+        json.dump({"figures": {"flag": True}}, f)
+    return str(tmp_path)
+
+
+def test_figures_match_to_the_printed_precision(result_dir):
+    cite = "`benchmarks/results/x-20260101T000000Z.json`"
+    assert row_problems(f"works: 2.34x, 1,081 tok/s, 61% at 1e6 users ({cite})", result_dir) == []
+    # Names and commands are not figures.
+    assert figures("Llama-3, Qwen2/2.5, all-MiniLM-L6-v2 on v5e-64, a 2-core CPU, "
+                   "SmolLM2-135M-Instruct, a 19M model, `pytest -n 8`") == []
+    # Both ends of a range are figures.
+    assert [f[0] for f in figures("decode at 24-31% of the roofline, 2.10-2.27x")] == [
+        "24", "31%", "2.10", "2.27"]
+    # GiB as the bytes a result file holds.
+    with open(os.path.join(result_dir, "z-20260101T000000Z.json"), "w") as f:
+        json.dump({"figures": {"temp": 23142752680}}, f)
+    zcite = "`benchmarks/results/z-20260101T000000Z.json`"
+    assert row_problems(f"21.55 GiB ({zcite})", result_dir) == []
+    assert row_problems(f"21.56 GiB ({zcite})", result_dir)
+
+
+def test_negative_controls_a_figure_not_recorded_is_refused(result_dir):
+    cite = "`benchmarks/results/x-20260101T000000Z.json`"
+    # One digit further than recorded, a wrong figure, a boolean read as 1.
+    assert row_problems(f"2.35x ({cite})", result_dir)
+    assert row_problems(f"1,082 tok/s ({cite})", result_dir)
+    assert row_problems(f"62% ({cite})", result_dir)
+    assert row_problems("1 flag (`benchmarks/results/y-20260101T000000Z.json`)", result_dir)
+    # The upper end of a range, and a figure written with thousands separators.
+    assert row_problems(f"2.34-2.99x ({cite})", result_dir)
+    assert row_problems(f"1,081-1,999 tok/s ({cite})", result_dir)
+    # Figures without a named file, and a named file that does not exist.
+    assert row_problems("works: 2.34x", result_dir)
+    assert row_problems("2.34x (`benchmarks/results/missing.json`)", result_dir)
