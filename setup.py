@@ -52,12 +52,8 @@ EXTRAS = {
     "eval": EVAL,
     "notebook": NOTEBOOK,
     "tfds": ["tensorflow-datasets>=4.9.9", "array-record>=0.8"],
-    # benchmarks/society_scale.py --all_users, tests/test_oasis_peer.py: OASIS's own recommenders
-    # as the peer. Does NOT resolve beside jaxsocial (camel-oasis pins sentence-transformers
-    # 3.0.0 -> transformers<5): install into its own venv and pass --oasis_python:
-    # python -m venv --system-site-packages V && V/bin/pip install camel-oasis==0.2.5 "mcp<2"
-    # datasets==4.4.1   (mcp 2 and the global datasets break camel-ai / hub 0.36 imports)
-    "oasis": ["camel-oasis==0.2.5", "mcp<2", "datasets==4.4.1"],
+    # OASIS's own code (camel-oasis), the peer of benchmarks/society_scale.py, cannot be installed
+    # beside jaxsocial: benchmarks/oasis-requirements.txt installs it into a venv of its own.
     # benchmarks/rl_step.py only: TRL's GRPOTrainer as the peer of one RL step (the library
     # never imports trl).
     "bench": ["trl==1.16.0", "torch==2.13.0", "accelerate>=1.10,<2"],

@@ -41,11 +41,12 @@ warm-up (compile) call, on the same posts and the same cores:
 - "oasis_code_s": OASIS's own function (camel-oasis, `oasis.social_platform.recsys.rec_sys_reddit`
   / `rec_sys_random`), run in the interpreter `--oasis_python` (default $JAXSOCIAL_OASIS_PYTHON,
   else this one; a subprocess: camel-oasis pins transformers<5, so it lives in its own venv, see
-  setup.py's [oasis] extra) on the inputs it takes from its sqlite platform: the post table as
-  `fetch_table_from_db` returns it (`oasis_post_table`: one dict per post, created_at the string
-  sqlite stores) and the rec matrix of N empty lists.  OASIS's twitter and twhin recommenders
-  are skipped with the reason (`OASIS_CANNOT`: they need a hub model, or score at random).  Not
-  installed: the row is skipped with a line saying how to install it; the rest still runs;
+  benchmarks/oasis-requirements.txt) on the inputs it takes from its sqlite platform: the post
+  table as `fetch_table_from_db` returns it (`oasis_post_table`: one dict per post, created_at
+  the string sqlite stores) and the rec matrix of N empty lists.  OASIS's twitter and twhin
+  recommenders are skipped with the reason (`OASIS_CANNOT`: they need a hub model, or score at
+  random).  Not installed: the row is skipped with a line saying how to install it; the rest
+  still runs;
 - "numpy_rendering_s" (reddit): our NumPy / standard-library rendering of OASIS's formulas (one
   `datetime.strptime` per post's created_at string, hot score rounded to 7 decimals, one
   `heapq.nlargest` top-k, `[top] * N`); "numpy_rendering_rows_s" adds building the N * k (user,
@@ -80,10 +81,10 @@ from common import NO_RECORD_HELP, finish  # noqa: E402  benchmarks/: the result
 
 PEER = "our NumPy rendering of OASIS's formulas (not OASIS's code)"
 DENSE_PEER = "OASIS's dense recsys formula as JAX written here, not OASIS's code"
-OASIS_PIN = "camel-oasis==0.2.5"  # setup.py's [oasis] extra: the version these runs used
+OASIS_PIN = "camel-oasis==0.2.5"  # benchmarks/oasis-requirements.txt: the version these runs used
 OASIS_ENV = "JAXSOCIAL_OASIS_PYTHON"  # an interpreter with camel-oasis (the default of the flag)
 OASIS_INSTALL = (f"python -m venv --system-site-packages /tmp/oasis-venv && /tmp/oasis-venv/bin/"
-                 f"pip install {OASIS_PIN} 'mcp<2' datasets==4.4.1, then --oasis_python="
+                 f"pip install -r benchmarks/oasis-requirements.txt, then --oasis_python="
                  f"/tmp/oasis-venv/bin/python or {OASIS_ENV}=/tmp/oasis-venv/bin/python")
 OASIS_FNS = {"reddit": "rec_sys_reddit", "random": "rec_sys_random"}  # oasis.social_platform.recsys
 OASIS_TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f"  # the form rec_sys_reddit parses first

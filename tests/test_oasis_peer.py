@@ -5,7 +5,7 @@ controls), and our NumPy rendering of OASIS's formulas.
 
 The tests against OASIS's code run where camel-oasis is importable: in this interpreter, or in
 the one named by $JAXSOCIAL_OASIS_PYTHON (camel-oasis pins transformers<5, so it usually lives in
-its own venv: setup.py's [oasis] extra); otherwise they skip saying so."""
+its own venv: benchmarks/oasis-requirements.txt); otherwise they skip saying so."""
 import datetime
 import importlib.metadata
 import os
