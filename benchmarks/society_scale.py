@@ -84,7 +84,8 @@ DENSE_PEER = "OASIS's dense recsys formula as JAX written here, not OASIS's code
 OASIS_PIN = "camel-oasis==0.2.5"  # benchmarks/oasis-requirements.txt: the version these runs used
 OASIS_ENV = "JAXSOCIAL_OASIS_PYTHON"  # an interpreter with camel-oasis (the default of the flag)
 OASIS_INSTALL = (f"python -m venv --system-site-packages /tmp/oasis-venv && /tmp/oasis-venv/bin/"
-                 f"pip install -r benchmarks/oasis-requirements.txt, then --oasis_python="
+                 f"pip install -r benchmarks/oasis-requirements.txt ({OASIS_PIN} and what its "
+                 f"imports need), then --oasis_python="
                  f"/tmp/oasis-venv/bin/python or {OASIS_ENV}=/tmp/oasis-venv/bin/python")
 OASIS_FNS = {"reddit": "rec_sys_reddit", "random": "rec_sys_random"}  # oasis.social_platform.recsys
 OASIS_TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f"  # the form rec_sys_reddit parses first
