@@ -65,6 +65,9 @@ _CONTROL = flags.DEFINE_bool("control", False, "Add the arm 'control': the base 
 _ARMS = flags.DEFINE_multi_string("arm", [], "NAME:key=value[,key=value...]: an arm of "
                                   "config overrides (repeatable; default: one arm 'trained').")
 _PARALLEL = flags.DEFINE_integer("parallel", 2, "Runs at a time.")
+_RECORD = flags.DEFINE_string("record", "", "NAME: also write study.json as a benchmark result, "
+                              "benchmarks/results/NAME-<UTC>.json (command, commit, date, "
+                              "machine; benchmarks/results/README.md), so docs can quote it.")
 
 # The command line as typed, and its --config.KEY=VALUE flags (not absl flags of this script:
 # they are parsed per arm by train.py's config parser, see load_config).
@@ -379,8 +382,9 @@ def write_outputs(workdir, arms, runs, common, config_arg, say):
     result = study.analyze(records, control=study.CONTROL)
     command = shlex.join(["python", *_ARGV]) if _ARGV else None
     text = study.markdown(result, command)
+    record = study_record(result, arms, runs, common, config_arg, command)
     with open(os.path.join(workdir, "study.json"), "w", encoding="utf-8") as f:
-        json.dump(study_record(result, arms, runs, common, config_arg, command), f, indent=1)
+        json.dump(record, f, indent=1)
     with open(os.path.join(workdir, "study.md"), "w", encoding="utf-8") as f:
         f.write(text)
     say(text)
@@ -390,6 +394,20 @@ def write_outputs(workdir, arms, runs, common, config_arg, say):
     else:
         say("no study.png: the plot needs matplotlib (pip install -e '.[notebook]')")
     say(f"wrote {os.path.join(workdir, '')}: {', '.join(wrote)}")
+    return record
+
+
+def record_result(name: str, record: dict, argv=None, directory=None) -> str:
+    """Write a study's record (study.json) as benchmarks/results/NAME-<UTC>.json through
+    benchmarks/common.write_result: the command, commit, date and this machine beside it."""
+    if not re.fullmatch(r"[A-Za-z0-9_.]+", name):
+        raise ValueError(f"--record={name!r}: letters, digits, '_' and '.' only")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "jaxsocial_bench_common", os.path.join(ROOT, "benchmarks", "common.py"))
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    return common.write_result(name, record, argv=argv, directory=directory)
 
 
 def main(argv):
@@ -399,6 +417,8 @@ def main(argv):
         arms, runs = check_inputs(_CONFIG.value, _OVERRIDES, _ARMS.value, _CONTROL.value,
                                   _SEEDS.value, _SEED_START.value, _PARALLEL.value,
                                   _WORKDIR.value)
+        if _RECORD.value and not re.fullmatch(r"[A-Za-z0-9_.]+", _RECORD.value):
+            raise ValueError(f"--record={_RECORD.value!r}: letters, digits, '_' and '.' only")
         workdir_lock.prepare(_WORKDIR.value)
     except ValueError as e:
         sys.stderr.write(f"error: {_one_line(e)}\n")
@@ -416,7 +436,10 @@ def main(argv):
         launcher.say("no table written: rerun the same command once fixed (finished runs "
                      "are skipped)")
         sys.exit(1)
-    write_outputs(_WORKDIR.value, arms, runs, _OVERRIDES, _CONFIG.value, launcher.say)
+    record = write_outputs(_WORKDIR.value, arms, runs, _OVERRIDES, _CONFIG.value, launcher.say)
+    if _RECORD.value:
+        path = record_result(_RECORD.value, record, argv=_ARGV or None)
+        launcher.say(f"result: {os.path.relpath(path, ROOT)}")
 
 
 if __name__ == "__main__":

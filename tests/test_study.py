@@ -282,6 +282,20 @@ def test_write_outputs_of_synthetic_runs(launcher, tmp_path, capsys):
     assert set(data["git"]) == {"commit", "dirty"} and data["date"]
     assert data["comparisons"]["trained"]["avg_likes_per_post"]["diff"] == pytest.approx(2.25)
     assert os.path.exists(tmp_path / "study.md")
+    # --record: the same record as a benchmark result, with the command, commit, date and
+    # machine beside it; a name that is no file name is refused.
+    rec = launcher.write_outputs(str(tmp_path), arms, runs, [], "configs/demo.py:smoke", print)
+    path = launcher.record_result("demo_study", rec, argv=["launch/study.py", "--seeds=2"],
+                                  directory=str(tmp_path / "results"))
+    assert os.path.basename(path).startswith("demo_study-") and path.endswith("Z.json")
+    with open(path) as f:
+        result = json.load(f)
+    assert result["benchmark"] == "demo_study"
+    assert result["command"] == "python launch/study.py --seeds=2"
+    assert result["machine"]["cores"] >= 1 and result["date"].endswith("Z")
+    assert result["figures"]["comparisons"] == data["comparisons"]
+    with pytest.raises(ValueError, match="--record='a/b'"):
+        launcher.record_result("a/b", rec, directory=str(tmp_path / "results"))
     pytest.importorskip("matplotlib")
     assert os.path.getsize(tmp_path / "study.png") > 1000
 
@@ -374,6 +388,7 @@ def test_bad_input_is_one_line(launcher, tmp_path, kwargs, message):
 @pytest.mark.parametrize("args,message", [
     (["--seeds=0"], "error: --seeds=0 must be >= 1"),
     (["--config=configs/nope.py"], "error: --config=configs/nope.py: no such config file"),
+    (["--record=../x"], "error: --record='../x': letters, digits, '_' and '.' only"),
 ])
 def test_bad_input_on_the_command_line(tmp_path, args, message):
     """The console contract: one `error:` line, exit status 1, nothing written."""
