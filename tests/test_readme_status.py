@@ -139,3 +139,47 @@ def test_negative_controls_a_figure_not_recorded_is_refused(result_dir):
     # Figures without a named file, and a named file that does not exist.
     assert row_problems("works: 2.34x", result_dir)
     assert row_problems("2.34x (`benchmarks/results/missing.json`)", result_dir)
+
+
+def missing_citations(texts: dict, results_dir: str) -> list:
+    """(document, file) for every benchmarks/results/ file a document names that does not exist."""
+    return [(doc, name) for doc, text in texts.items() for name in sorted(set(CITED.findall(text)))
+            if not os.path.exists(os.path.join(results_dir, name))]
+
+
+def test_every_result_file_the_docs_name_exists():
+    docs = os.path.join(ROOT, "docs")
+    paths = [README] + [os.path.join(docs, n) for n in sorted(os.listdir(docs))
+                        if n.endswith(".md")]
+    texts = {}
+    for path in paths:
+        with open(path) as f:
+            texts[os.path.relpath(path, ROOT)] = f.read()
+    results = os.path.join(ROOT, "benchmarks", "results")
+    assert not missing_citations(texts, results)
+    assert sum(len(CITED.findall(t)) for t in texts.values()) >= 10
+    # Negative control: a file that is not there is named.
+    assert missing_citations({"x.md": "`benchmarks/results/gone-20260101T000000Z.json`"},
+                             results) == [("x.md", "gone-20260101T000000Z.json")]
+
+
+NOTEBOOK = re.compile(r"\b20\d\d-\d\d-\d\d\b|\bissue\s*#?\d+|\bold path\b|"
+                      r"\bthis (evening|morning|afternoon)\b|\b\d\d:\d\d (UTC|idle)\b", re.I)
+
+
+def notebook_phrases(text: str) -> list:
+    """Dates, clock times, issue numbers and history phrases outside result-file names."""
+    return [m.group(0) for m in NOTEBOOK.finditer(CITED.sub("", text))]
+
+
+def test_docs_are_reference_not_a_lab_notebook():
+    docs = os.path.join(ROOT, "docs")
+    for path in [README] + [os.path.join(docs, n) for n in sorted(os.listdir(docs))
+                            if n.endswith(".md")]:
+        with open(path) as f:
+            found = notebook_phrases(f.read())
+        assert not found, (os.path.relpath(path, ROOT), found)
+    # Negative controls: each kind is caught; a result file's date is not.
+    for bad in ("run on 2026-12-04", "(issue 19 item 3)", "the old path", "this evening"):
+        assert notebook_phrases(bad), bad
+    assert notebook_phrases("`benchmarks/results/x-20261205T083540Z.json`") == []
