@@ -397,11 +397,16 @@ def write_outputs(workdir, arms, runs, common, config_arg, say):
     return record
 
 
+def check_record_name(name: str) -> None:
+    """A `--record` NAME becomes a file name: letters, digits, '_' and '.' only."""
+    if not re.fullmatch(r"[A-Za-z0-9_.]+", name):
+        raise ValueError(f"--record={name!r}: letters, digits, '_' and '.' only")
+
+
 def record_result(name: str, record: dict, argv=None, directory=None) -> str:
     """Write a study's record (study.json) as benchmarks/results/NAME-<UTC>.json through
     benchmarks/common.write_result: the command, commit, date and this machine beside it."""
-    if not re.fullmatch(r"[A-Za-z0-9_.]+", name):
-        raise ValueError(f"--record={name!r}: letters, digits, '_' and '.' only")
+    check_record_name(name)
     import importlib.util
     spec = importlib.util.spec_from_file_location(
         "jaxsocial_bench_common", os.path.join(ROOT, "benchmarks", "common.py"))
@@ -417,8 +422,8 @@ def main(argv):
         arms, runs = check_inputs(_CONFIG.value, _OVERRIDES, _ARMS.value, _CONTROL.value,
                                   _SEEDS.value, _SEED_START.value, _PARALLEL.value,
                                   _WORKDIR.value)
-        if _RECORD.value and not re.fullmatch(r"[A-Za-z0-9_.]+", _RECORD.value):
-            raise ValueError(f"--record={_RECORD.value!r}: letters, digits, '_' and '.' only")
+        if _RECORD.value:
+            check_record_name(_RECORD.value)
         workdir_lock.prepare(_WORKDIR.value)
     except ValueError as e:
         sys.stderr.write(f"error: {_one_line(e)}\n")

@@ -147,14 +147,19 @@ def missing_citations(texts: dict, results_dir: str) -> list:
             if not os.path.exists(os.path.join(results_dir, name))]
 
 
-def test_every_result_file_the_docs_name_exists():
+def doc_texts() -> dict:
+    """README.md and docs/*.md: relative path -> text."""
     docs = os.path.join(ROOT, "docs")
-    paths = [README] + [os.path.join(docs, n) for n in sorted(os.listdir(docs))
-                        if n.endswith(".md")]
     texts = {}
-    for path in paths:
+    for path in [README] + [os.path.join(docs, n) for n in sorted(os.listdir(docs))
+                            if n.endswith(".md")]:
         with open(path) as f:
             texts[os.path.relpath(path, ROOT)] = f.read()
+    return texts
+
+
+def test_every_result_file_the_docs_name_exists():
+    texts = doc_texts()
     results = os.path.join(ROOT, "benchmarks", "results")
     assert not missing_citations(texts, results)
     assert sum(len(CITED.findall(t)) for t in texts.values()) >= 10
@@ -173,12 +178,9 @@ def notebook_phrases(text: str) -> list:
 
 
 def test_docs_are_reference_not_a_lab_notebook():
-    docs = os.path.join(ROOT, "docs")
-    for path in [README] + [os.path.join(docs, n) for n in sorted(os.listdir(docs))
-                            if n.endswith(".md")]:
-        with open(path) as f:
-            found = notebook_phrases(f.read())
-        assert not found, (os.path.relpath(path, ROOT), found)
+    for doc, text in doc_texts().items():
+        found = notebook_phrases(text)
+        assert not found, (doc, found)
     # Negative controls: each kind is caught; a result file's date is not.
     for bad in ("run on 2026-12-04", "(issue 19 item 3)", "the old path", "this evening"):
         assert notebook_phrases(bad), bad
