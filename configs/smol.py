@@ -15,7 +15,7 @@ the config is built; `--config.model.checkpoint=PATH` overrides it.
 The society's embedding space is all-MiniLM-L6-v2 (`society.encoder="minilm"`), as in
 configs/demo.py: the crowd's interest is cooking, and a post earns likes as its text comes close
 to it. SmolLM2's posts on its four personas' subjects sit at cosine 0.05-0.3 to the cooking
-interests, so the like curve (`like_bias=-6`, `like_sim=20`) gives a few likes per post at the
+interests, so the like curve (`like_bias=-5`, `like_sim=20`) gives a few likes per post at the
 start and many more to a post about food. Answers that create nothing earn 0, as in demo.py.
 
 `:study` is the run sized to decide whether the agents learn: 16 agents x 4 ticks (64 answers,
@@ -48,7 +48,7 @@ def get_config(arg=None):
     c.agents.newest_comment = False
     c.crowd_text.topics = ("cooking",)
     c.society.update(defaults.taste_driven_society(num_users=1024, feed_size=2))
-    c.society.update(encoder="minilm", embed_dim=384, like_bias=-6.0, like_sim=20.0)
+    c.society.update(encoder="minilm", embed_dim=384, like_bias=-5.0, like_sim=20.0)
     c.reward.non_post_mode = "constant"
     c.reward.non_post = 0.0
     c.rollout.ticks_per_epoch = 4
@@ -79,14 +79,13 @@ def get_config(arg=None):
         c.train.checkpoint_every = 1
     elif arg == "study":
         # 64 answers an epoch (SmolLM2 posts in about 15 of 16), 10 epochs, within 15 minutes
-        # a run: one pass over two minibatches (the same two gradient steps an epoch as two
-        # passes over one, at half the scoring cost), micro-batches of 16 rows (the process
-        # peaks near 9 GiB; all 32 rows at once or 80 rows an epoch passed 20), no remat.
+        # a run: one pass over two minibatches (two gradient steps an epoch, as two passes over
+        # one would give, at half the cost), each minibatch in one piece, no remat.
         c.agents.num_agents = 16
         c.model.remat = False
         c.rl.ppo_epochs = 1
         c.rl.minibatches = 2
-        c.rl.micro_batch = 16
+        c.rl.micro_batch = 32
         c.train.epochs = 10
         c.train.checkpoint_every = 5
     elif arg == "tool_call":
