@@ -55,13 +55,13 @@ GIB = 1024 ** 3
 ROWS = {
     "h200_1b": ("llama3_2_1b", (1, 1, 1), {}, 139.8, "1 x H200 141 GB"),
     "lora": ("llama3_8b", (8, 1, 1), {"rl.lora_rank": 16}, 79.6, "8 x H100 80 GB, LoRA r=16"),
-    "v5e64": ("llama3_8b", (4, 16, 1), {"rl.minibatches": 4}, 15.75, "TPU v5e-64 (16 GB)"),
+    "v5e64": ("llama3_8b", (4, 16, 1), {"rl.num_minibatches": 4}, 15.75, "TPU v5e-64 (16 GB)"),
     # The documented launch meshes for where the rows above do not fit (docs/scaling.md).
-    "v5e64_2x32": ("llama3_8b", (2, 32, 1), {"rl.minibatches": 4}, 15.75,
+    "v5e64_2x32": ("llama3_8b", (2, 32, 1), {"rl.num_minibatches": 4}, 15.75,
                    "TPU v5e-64 (16 GB), fsdp 32"),
-    "lora_fsdp": ("llama3_8b", (1, 8, 1), {"rl.lora_rank": 16, "rl.minibatches": 8}, 79.6,
+    "lora_fsdp": ("llama3_8b", (1, 8, 1), {"rl.lora_rank": 16, "rl.num_minibatches": 8}, 79.6,
                   "8 x H100 80 GB, LoRA r=16, fsdp 8"),
-    "h100": ("llama3_8b", (1, 8, 1), {"rl.minibatches": 8}, 79.6, "8 x H100 80 GB"),
+    "h100": ("llama3_8b", (1, 8, 1), {"rl.num_minibatches": 8}, 79.6, "8 x H100 80 GB"),
 }
 
 

@@ -7,11 +7,11 @@ sandbox (which shows it no project file); the host compares the values it return
     python launch/train.py --config=configs/code.py --config.model.checkpoint=/path/to/llama
     python launch/train.py --config=configs/code.py:smoke
 """
-from jaxsocial.train import defaults
+from jaxsocial.train import config as run_config
 
 
 def get_config(arg=None):
-    c = defaults.base_config()
+    c = run_config.base_config()
     c.name = "code"
     c.model.preset = "llama3_8b"
     c.model.require_checkpoint = True
@@ -27,10 +27,10 @@ def get_config(arg=None):
     c.code = dict(enabled=True, bonus=1.0, timeout_s=5.0, memory_mb=256)
     c.train.epochs = 2
     if arg == "smoke":
-        defaults.smoke(c, content_len=24, max_new_tokens=32)
+        run_config.smoke(c, content_len=24, max_new_tokens=32)
     elif not arg:
         # The 8B's activations as in general.py (docs/scaling.md): without these the epoch
-        # needs ~2 TiB per device and config_check refuses it.
+        # needs ~2 TiB per device and train.config.check refuses it.
         c.model.update(remat=True, attention_chunk=256, scan_layers=True)
         c.rl.micro_batch = 8
     elif arg:

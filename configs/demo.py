@@ -17,11 +17,11 @@ pooled states; no encoder in the tests that build it), the curve tuned for it an
 about 5 minutes on an idle 2-core CPU; what it shows, with seeds and a frozen control:
 docs/train.md, "What the demo learns".
 """
-from jaxsocial.train import defaults
+from jaxsocial.train import config as run_config
 
 
 def get_config(arg=None):
-    c = defaults.base_config()
+    c = run_config.base_config()
     c.name = "demo"
     c.model.preset = "tiny"
     c.model.checkpoint = ""          # empty: random init of the preset (seeded)
@@ -31,7 +31,7 @@ def get_config(arg=None):
     # encoder), likes driven by post-interest similarity (no popularity feedback, so one lucky
     # post does not dominate an epoch's average).
     c.crowd_text.topics = ("cooking",)
-    c.society.update(defaults.taste_driven_society(num_users=2048, feed_size=4))
+    c.society.update(run_config.taste_driven_society(num_users=2048, feed_size=4))
     c.society.update(encoder="minilm", embed_dim=384, like_bias=-4.0, like_sim=20.0)
     # Answers that create no post earn 0: posting pays when a post earns likes. ("mean", the
     # epoch's mean post score, left posting where the frozen control had it: docs/train.md.)
@@ -41,14 +41,14 @@ def get_config(arg=None):
     c.rollout.max_new_tokens = 16
     c.rollout.temperature = 1.0
     c.rl.algo = "ppo"
-    c.rl.lr = 1e-3                   # tiny random model: far above the 8B default (3e-6)
+    c.rl.learning_rate = 1e-3                   # tiny random model: far above the 8B default (3e-6)
     c.rl.kl_coef = 0.01
     c.rl.ppo_epochs = 2
-    c.rl.minibatches = 1
+    c.rl.num_minibatches = 1
     c.train.epochs = 10
     c.train.checkpoint_every = 2
     if arg == "smoke":
-        defaults.smoke(c)  # embed_dim=16
+        run_config.smoke(c)  # embed_dim=16
         c.society.update(encoder="reference", like_bias=-5.0, like_sim=8.0)
         c.reward.non_post_mode = "mean"
     elif arg:

@@ -8,11 +8,11 @@ PPO defaults from the spec: lr 3e-6, clip 0.2/0.2, gamma 1, lambda 0.95, 4 epoch
 temperature 0.7. The crowd is on by default (one machine reaches OASIS scale with it); set
 --config.society.crowd=False for an LLM-agents-only society like the blog's.
 """
-from jaxsocial.train import defaults
+from jaxsocial.train import config as run_config
 
 
 def get_config(arg=None):
-    c = defaults.base_config()
+    c = run_config.base_config()
     c.name = "general"
     c.model.preset = "llama3_8b"
     c.model.checkpoint = ""
@@ -37,15 +37,15 @@ def get_config(arg=None):
     c.rollout.max_new_tokens = 128
     c.rollout.temperature = 0.7
     c.reward.horizon = 8
-    c.rl.lr = 3e-6
+    c.rl.learning_rate = 3e-6
     c.rl.ppo_epochs = 4
-    c.rl.minibatches = 4
+    c.rl.num_minibatches = 4
     c.rl.micro_batch = 8  # 7,680-row minibatches, accumulated over 960 micro-batches of 8
     c.rl.kl_coef = 0.05
     c.train.epochs = 2
     c.mesh.shape = (-1, 1, 1)
     if arg == "smoke":
-        defaults.smoke(c)
+        run_config.smoke(c)
     elif arg:
         raise ValueError(f"unknown general variant {arg!r}; use configs/general.py or :smoke")
     return c

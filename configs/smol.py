@@ -22,7 +22,7 @@ start and many more to a post about food. Answers that create nothing earn 0, as
 about 60 of them posts, an epoch) for 10 epochs, each run within 15 minutes on an idle 2-core CPU
 (`benchmarks/smol_epoch.py --variant=study`); docs/train.md, "Real model", has its study.
 """
-from jaxsocial.train import defaults
+from jaxsocial.train import config as run_config
 
 PERSONAS = (
     "You are Ada, a software engineer.",
@@ -36,7 +36,7 @@ INSTRUCTION = ("Your feed is below. Reply with one action: 'post: <text>', 'like
 
 def get_config(arg=None):
     from jaxsocial.models import zoo
-    c = defaults.base_config()
+    c = run_config.base_config()
     c.name = "smol"
     c.model.checkpoint = zoo.smollm2_135m_instruct()
     c.tokenizer = ""                 # from the GGUF's metadata (chat template included)
@@ -47,7 +47,7 @@ def get_config(arg=None):
     c.agents.actions = ("post", "like", "nothing")
     c.agents.newest_comment = False
     c.crowd_text.topics = ("cooking",)
-    c.society.update(defaults.taste_driven_society(num_users=1024, feed_size=2))
+    c.society.update(run_config.taste_driven_society(num_users=1024, feed_size=2))
     c.society.update(encoder="minilm", embed_dim=384, like_bias=-5.0, like_sim=20.0)
     c.reward.non_post_mode = "constant"
     c.reward.non_post = 0.0
@@ -57,10 +57,10 @@ def get_config(arg=None):
     c.rl.algo = "ppo"
     c.rl.lora_rank = 8               # adapters only: no second model copy, no full Adam state
     c.rl.lora_alpha = 16.0
-    c.rl.lr = 2e-4                   # LoRA adapters on a pretrained 135M model
+    c.rl.learning_rate = 2e-4                   # LoRA adapters on a pretrained 135M model
     c.rl.kl_coef = 0.01
     c.rl.ppo_epochs = 2
-    c.rl.minibatches = 1
+    c.rl.num_minibatches = 1
     c.train.epochs = 6
     c.train.checkpoint_every = 3
     if arg == "smoke":
@@ -85,7 +85,7 @@ def get_config(arg=None):
         c.agents.num_agents = 16
         c.model.remat = False
         c.rl.ppo_epochs = 1
-        c.rl.minibatches = 2
+        c.rl.num_minibatches = 2
         c.rl.micro_batch = 16
         c.train.epochs = 10
         c.train.checkpoint_every = 5

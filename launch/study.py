@@ -10,7 +10,7 @@ docs is made this way).
 Arms: "trained" (the config as given) unless `--arm=NAME:key=value[,key=value...]` flags name
 them (`NAME:` alone is the config as given); the keys are `--config.` keys and the values are
 parsed as train.py parses `--config.key=value` (a tuple: `key=('a', 'b')`, or the key
-repeated). `--control` adds the arm "control", the base config with `rl.lr=0` (a frozen
+repeated). `--control` adds the arm "control", the base config with `rl.learning_rate=0` (a frozen
 policy); an arm named "control" is the control arm the others are compared with either way.
 `--config.KEY=VALUE` flags apply to every arm (an arm's own value for the same key wins);
 the study sets `seed` itself.
@@ -61,7 +61,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory: one workdir pe
 _SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds per arm.")
 _SEED_START = flags.DEFINE_integer("seed_start", 0, "First seed.")
 _CONTROL = flags.DEFINE_bool("control", False, "Add the arm 'control': the base config with "
-                             "rl.lr=0 (a frozen policy).")
+                             "rl.learning_rate=0 (a frozen policy).")
 _ARMS = flags.DEFINE_multi_string("arm", [], "NAME:key=value[,key=value...]: an arm of "
                                   "config overrides (repeatable; default: one arm 'trained').")
 _PARALLEL = flags.DEFINE_integer("parallel", 2, "Runs at a time.")
@@ -134,7 +134,7 @@ def load_config(config_arg: str, overrides: Sequence[str]):
             raise ValueError(_one_line(f"--config={config_arg}: {type(e).__name__}: {e}")) \
                 from None
         raise ValueError(f"{culprit[0]}: {name!r} is not a key of this config (see {path} or "
-                         f"jaxsocial/train/defaults.py)") from None
+                         f"jaxsocial/train/config.py)") from None
     except Exception as e:  # noqa: BLE001 -- flag values and config files fail in many ways
         text = str(e).strip()
         if "Traceback" in text:  # an exception inside get_config: its last line says it
@@ -167,8 +167,8 @@ class Run:
 
 def parse_arms(specs: Sequence[str], control: bool) -> Dict[str, List[Tuple[str, str]]]:
     """{arm: [(key, value), ...]} of the --arm flags ("trained" without any), plus "control"
-    (rl.lr=0) with --control. Raises ValueError: a malformed spec, a repeated name, an arm
-    named "control" beside --control, an arm that sets `seed`."""
+    (rl.learning_rate=0) with --control. Raises ValueError: a malformed spec, a repeated name, an
+    arm named "control" beside --control, an arm that sets `seed`."""
     arms: Dict[str, List[Tuple[str, str]]] = {}
     for spec in specs:
         name, pairs = study.parse_arm(spec)
@@ -183,7 +183,7 @@ def parse_arms(specs: Sequence[str], control: bool) -> Dict[str, List[Tuple[str,
     if not arms:
         arms[TRAINED] = []
     if control:
-        arms[study.CONTROL] = [("rl.lr", "0")]
+        arms[study.CONTROL] = [("rl.learning_rate", "0")]
     return arms
 
 
@@ -198,14 +198,14 @@ def arm_flags(common: Sequence[str], pairs: Sequence[Tuple[str, str]]) -> List[s
 def plan(config_arg, common, arms, seeds, workdir) -> List[Run]:
     """Every (arm, seed) run, seed-major; each config loaded and checked (ValueError naming
     the arm)."""
-    from jaxsocial.train import config_check
+    from jaxsocial.train import checks
     runs = []
     for seed in seeds:
         for arm, pairs in arms.items():
             overrides = arm_flags(common, pairs) + [f"--config.seed={seed}"]
             try:
                 config = load_config(config_arg, overrides)
-                config_check.check(config)
+                checks.check(config)
             except ValueError as e:
                 raise ValueError(f"arm {arm}: {e}") from None
             if arm == study.CONTROL and float(config.rl.learning_rate) != 0:
@@ -247,13 +247,13 @@ def complete(run: Run) -> bool:
 
 def finished(run: Run) -> bool:
     """Complete, and trained with exactly this config (config.json): nothing to launch."""
-    from jaxsocial.train import config_check
+    from jaxsocial.train import config as run_config
     path = os.path.join(run.workdir, "config.json")
     if not (complete(run) and os.path.exists(path)):
         return False
     with open(path, encoding="utf-8") as f:
         stored = json.load(f)
-    safe, unsafe = config_check.resume_differences(stored, run.config)
+    safe, unsafe = run_config.resume_differences(stored, run.config)
     return not safe and not unsafe
 
 

@@ -2,7 +2,8 @@ r"""Social-RL training: agents act in the society, likes become reward, PPO/GRPO
 
     python launch/train.py --config=configs/demo.py --workdir=runs/demo
     python launch/train.py --config=configs/general.py --config.model.checkpoint=/path/llama3-8b
-    python launch/train.py --config=configs/demo.py --config.rl.lr=1e-4 --config.train.epochs=3
+    python launch/train.py --config=configs/demo.py --config.rl.learning_rate=1e-4 \
+        --config.train.epochs=3
 
 The workdir receives metrics.jsonl (one object per epoch), TensorBoard events, samples.jsonl,
 orbax checkpoints (every `train.checkpoint_every` epochs and at the end; the last
@@ -126,9 +127,9 @@ def main(argv):
     workdir = _WORKDIR.value or os.path.join("runs", config.name)
     console = sys.stderr
     log_path = None
-    from jaxsocial.train import config_check, workdir_lock
+    from jaxsocial.train import checks, workdir_lock
     try:  # a config that fails its check writes nothing, not even the workdir
-        config_check.check(config)
+        checks.check(config)
         # Refused here too (runner.train takes the lock itself), so that a second run on a
         # live workdir does not write into the first one's train.log. Multi-host: process 0
         # holds the lock for all of them.

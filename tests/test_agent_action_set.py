@@ -12,7 +12,8 @@ from jaxsocial.social import prompting, search, society
 from jaxsocial.social.actions import ActionType as T
 from jaxsocial.social.actions import Reason, make_actions
 from jaxsocial.social.state import PAD_TOKEN, PostKind
-from jaxsocial.train import agent_actions, config_check, defaults
+from jaxsocial.train import agent_actions, checks
+from jaxsocial.train import config as run_config
 
 K, C, L = 3, 2, 16
 PARAMS = society.make_params(num_users=12, num_agents=2, post_capacity=32, num_seed_posts=0,
@@ -174,7 +175,7 @@ def test_action_sets_by_config_and_errors_name_the_bad_action():
                                                       "nothing", "quote")
     assert agent_actions.resolve(["create_post", "like_post", "do_nothing", "trend"]) == (
         "post", "like", "nothing", "trend")
-    assert agent_actions.resolve(defaults.base_config().agents.actions) == (
+    assert agent_actions.resolve(run_config.base_config().agents.actions) == (
         agent_actions.PRESETS["default"])
     with pytest.raises(ValueError, match="'share_post'"):
         agent_actions.ActionVocab.build(tok, ["post", "share_post"], K, [eot])
@@ -182,12 +183,12 @@ def test_action_sets_by_config_and_errors_name_the_bad_action():
         agent_actions.resolve("oasis")
     with pytest.raises(ValueError, match="feed_comments"):
         agent_actions.ActionVocab.build(tok, "oasis_reddit", K, [eot])
-    c = defaults.smoke(defaults.base_config())
+    c = run_config.smoke(run_config.base_config())
     c.agents.actions = ("post", "like", "teleport")
     with pytest.raises(ValueError, match="'teleport'"):
-        config_check.check(c)
+        checks.check(c)
     c.agents.actions = agent_actions.PRESETS["oasis_reddit"]
     with pytest.raises(ValueError, match="society.feed_comments"):
-        config_check.check(c)
+        checks.check(c)
     c.society.feed_comments = 2
-    config_check.check(c)
+    checks.check(c)

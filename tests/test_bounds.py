@@ -1,4 +1,4 @@
-"""Size bounds checked from the config alone (`train.bounds`, part of `config_check.check`): a
+"""Size bounds checked from the config alone (`train.bounds`, part of `checks.check`): a
 persona, an agent count, a response length or a post ring too large for the machine is refused
 in one line naming its key, before anything is allocated; and the set-up's memory check
 (`SocialRL._check_memory`) also runs on the CPU."""
@@ -11,7 +11,8 @@ import pytest
 from conftest import load_config_file
 
 from jaxsocial.models import llama
-from jaxsocial.train import bounds, config_check, defaults, loop, memory
+from jaxsocial.train import bounds, checks, loop, memory
+from jaxsocial.train import config as run_config
 
 GiB = memory.GiB
 RAM = int(23.5 * GiB)  # the figures below are for a 23.5 GiB CPU host (the tests' 8 devices)
@@ -37,13 +38,13 @@ def smoke(**overrides):
 
 def persona(chars: int) -> str:
     """A persona of `chars` characters: the default personas repeated."""
-    text = " ".join(defaults.PERSONAS)
+    text = " ".join(run_config.PERSONAS)
     return (text * (chars // len(text) + 1))[:chars].strip()
 
 
 def refusal(c) -> str:
     with pytest.raises(ValueError) as e:
-        config_check.check(c)
+        checks.check(c)
     msg = str(e.value)
     assert "\n" not in msg, msg
     return msg
@@ -78,8 +79,8 @@ def refusal(c) -> str:
      ("society.post_capacity=160000000",)),
 ])
 def test_probe_is_refused_in_one_line_naming_its_key(ram, bad, good, named):
-    config_check.check(smoke())  # control: the smoke config passes
-    config_check.check(smoke(**good))  # control: a smaller value passes
+    checks.check(smoke())  # control: the smoke config passes
+    checks.check(smoke(**good))  # control: a smaller value passes
     msg = refusal(smoke(**bad))
     assert all(n in msg for n in named), msg
 
@@ -88,12 +89,12 @@ def test_a_persona_the_text_bank_pass_cannot_hold_is_refused(ram):
     """Under the hard limit, a long persona is refused by the memory of the set-up's text-bank
     pass (every interest and persona padded to it, 64 rows at a time)."""
     c = smoke(**{"agents.personas": (persona(2_213),)})
-    config_check.check(c)  # 23.5 GiB: fits (~7.5 GiB)
+    checks.check(c)  # 23.5 GiB: fits (~7.5 GiB)
     ram(4 * GiB)
     msg = refusal(c)
     assert "agents.personas: the longest persona is 1384 tokens" in msg
     assert "text-bank pass" in msg and "4.0 GiB of RAM" in msg, msg
-    config_check.check(smoke(**{"agents.personas": (persona(1_000),)}))  # ~1.6 GiB: fits
+    checks.check(smoke(**{"agents.personas": (persona(1_000),)}))  # ~1.6 GiB: fits
 
 
 def test_hard_limits_hold_whatever_the_memory(ram):
@@ -103,10 +104,10 @@ def test_hard_limits_hold_whatever_the_memory(ram):
     base = "You are Ada, a"
     at_limit = base + " x" * ((bounds.MAX_PERSONA_TOKENS - count(" " + base)) // count(" x"))
     assert count(" " + at_limit) <= bounds.MAX_PERSONA_TOKENS
-    config_check.check(smoke(**{"agents.personas": (at_limit,)}))
+    checks.check(smoke(**{"agents.personas": (at_limit,)}))
     msg = refusal(smoke(**{"agents.personas": (at_limit + " x x",)}))
     assert "agents.personas" in msg and "MAX_PERSONA_TOKENS" in msg, msg
-    config_check.check(smoke(**{"society.post_capacity": bounds.MAX_ID}))
+    checks.check(smoke(**{"society.post_capacity": bounds.MAX_ID}))
     msg = refusal(smoke(**{"society.post_capacity": bounds.MAX_ID + 1}))
     assert f"society.post_capacity={bounds.MAX_ID + 1}" in msg and "int32" in msg, msg
 
@@ -129,11 +130,11 @@ def test_shipped_configs_pass():
                           ("configs/code.py", "smoke")]:
         c = load_config_file(path, variant)
         c.model.require_checkpoint = False  # as aot.abstract_run builds it
-        config_check.check(c)
+        checks.check(c)
     for overrides in [{"rl.algo": "grpo"}, {"rl.lora_rank": 4}, {"society.feed_comments": 2},
                       {"agents.action_mode": "tool_call", "rollout.max_new_tokens": 40},
                       {"model.remat": True, "model.scan_layers": True}]:
-        config_check.check(smoke(**overrides))  # the smoke run's switches
+        checks.check(smoke(**overrides))  # the smoke run's switches
     for path, variant in [("configs/social_learning.py", "small"),
                           ("configs/skill_evolution.py", "smoke")]:
         assert bounds.problems(load_config_file(path, variant)) == []  # not Social-RL runs
@@ -143,7 +144,7 @@ def test_multi_process_runs_keep_only_the_hard_limits(ram):
     """The backend must not start before jax.distributed.initialize: no memory comparison."""
     c = smoke(**{"rollout.max_new_tokens": 1_000_000})
     c.distributed.enabled = True
-    config_check.check(c)
+    checks.check(c)
     c = smoke(**{"agents.personas": (persona(10_000),)})
     c.distributed.enabled = True
     assert "MAX_PERSONA_TOKENS" in refusal(c)
@@ -153,7 +154,7 @@ def test_abstract_builds_keep_only_the_hard_limits(ram):
     """`bounds.abstract_build` (for train.aot's abstract runs, compiled for another machine)."""
     c = smoke(**{"rollout.max_new_tokens": 1_000_000})
     with bounds.abstract_build():
-        config_check.check(c)
+        checks.check(c)
         assert "MAX_PERSONA_TOKENS" in refusal(smoke(**{"agents.personas": (persona(10_000),)}))
     assert "rollout.max_new_tokens" in refusal(c)  # and outside it, the memory again
 

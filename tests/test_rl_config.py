@@ -6,45 +6,46 @@ import jax
 import ml_collections
 import pytest
 
-from jaxsocial.rl import common, grpo, optim, ppo
-from jaxsocial.train import defaults
+from jaxsocial.rl import config as rl_config
+from jaxsocial.rl import grpo, optim, ppo
+from jaxsocial.train import config as run_config
 
 FIXED = dict(stop_token_ids=(2,), temperature=0.9, top_k=3, top_p=0.8)
 LOOP_KEYS = ("value_mode", "lora_rank", "lora_alpha")
 
 
 def _build(rl, **kw):
-    return common.from_run_config(rl, loop_keys=LOOP_KEYS, **{**FIXED, **kw})
+    return run_config.from_run_config(rl, loop_keys=LOOP_KEYS, **{**FIXED, **kw})
 
 
 def test_one_shared_base():
-    assert issubclass(ppo.PPOConfig, common.OptimConfig)
-    assert issubclass(grpo.GRPOConfig, common.OptimConfig)
-    shared = {f.name for f in dataclasses.fields(common.OptimConfig)}
+    assert issubclass(ppo.PPOConfig, rl_config.OptimConfig)
+    assert issubclass(grpo.GRPOConfig, rl_config.OptimConfig)
+    shared = {f.name for f in dataclasses.fields(rl_config.OptimConfig)}
     for name in ("learning_rate", "num_minibatches", "micro_batch", "logits_chunk", "clip_eps",
                  "clip_eps_high", "kl_coef", "lr_schedule", "warmup_steps", "max_grad_norm"):
         assert name in shared
 
 
 def test_defaults_build_the_dataclass_defaults():
-    c = defaults.base_config()
+    c = run_config.base_config()
     got = _build(c.rl, reward_norm="none")
     assert got == ppo.PPOConfig(**FIXED)
     c.rl.algo = "grpo"
     g = _build(c.rl, group_size=4)
     # shared fields follow c.rl (PPO's defaults), GRPO's own fields its defaults
     assert g == grpo.GRPOConfig(**FIXED, **{n: getattr(got, n) for n in
-                                            common.base_field_names()}, group_size=4)
+                                            rl_config.base_field_names()}, group_size=4)
 
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
 def test_every_field_is_reachable_under_its_own_name(algo):
     cls = ppo.PPOConfig if algo == "ppo" else grpo.GRPOConfig
-    names = set(common.run_config_fields())
+    names = set(run_config.run_config_fields())
     own = [f for f in dataclasses.fields(cls) if f.name in names]
     # all but the loop-set fields (sampling from c.rollout, reward_norm from c.reward)
-    assert {f.name for f in dataclasses.fields(cls)} - names <= set(common.LOOP_SET)
-    assert len(own) >= len(dataclasses.fields(cls)) - len(common.LOOP_SET)
+    assert {f.name for f in dataclasses.fields(cls)} - names <= set(run_config.LOOP_SET)
+    assert len(own) >= len(dataclasses.fields(cls)) - len(run_config.LOOP_SET)
     new_values = {
         "learning_rate": 1e-4, "lr_schedule": "cosine", "warmup_steps": 3, "decay_steps": 7,
         "end_lr_ratio": 0.1, "weight_decay": 0.01, "adam_b1": 0.8, "adam_b2": 0.99,
@@ -59,7 +60,7 @@ def test_every_field_is_reachable_under_its_own_name(algo):
         "kl_per": "sequence",
     }
     assert set(new_values) == names  # the test covers every field
-    c = defaults.base_config()
+    c = run_config.base_config()
     c.rl.algo = algo
     own = [f for f in own if f.name != "micro_batch"]  # excludes grad_accum_steps: below
     for f in own:
@@ -74,34 +75,37 @@ def test_every_field_is_reachable_under_its_own_name(algo):
 
 
 def test_unknown_and_loop_set_keys_are_one_clear_error():
-    c = defaults.base_config()
+    c = run_config.base_config()
     c.rl.lrr = 1.0
     with pytest.raises(ValueError, match=r"unknown config key\(s\) rl\.lrr;"):
         _build(c.rl)
-    c = defaults.base_config()
+    c = run_config.base_config()
     c.rl.temperature = 0.5
     with pytest.raises(ValueError, match=r"rl\.temperature \(set by rollout\.temperature\)"):
         _build(c.rl)
-    c = defaults.base_config()
+    c = run_config.base_config()
     c.rl.clip_eps = 1.5
     with pytest.raises(ValueError, match="clip_eps must be in"):
         _build(c.rl)
 
 
-def test_old_names_are_aliases():
-    c = defaults.base_config()
-    c.rl.lr = 1e-3
-    c.rl.minibatches = 4
-    c.rl.entropy_coef = 0.02
-    got = _build(c.rl)
-    assert (got.learning_rate, got.num_minibatches, got.ent_coef) == (1e-3, 4, 0.02)
-    c.rl.learning_rate = 2e-3
-    assert c.rl.lr == 2e-3
-    # a plain dict (e.g. a stored config.json) whose alias disagrees is refused
+def test_renamed_keys_are_one_error_naming_the_new_key():
+    c = run_config.base_config()
+    for old, new in run_config.RENAMED.items():
+        assert old not in c.rl and new in c.rl
     d = c.rl.to_dict()
-    d["lr"] = 5.0
-    with pytest.raises(ValueError, match="rl.lr=5.0 disagrees with rl.learning_rate"):
+    assert _build(d).learning_rate == c.rl.learning_rate  # control: the block as it is
+    d["lr"] = 1e-3
+    with pytest.raises(ValueError, match=r"rl\.lr \(now rl\.learning_rate\)"):
         _build(d)
+    # A workdir's config.json from before the rename holds both names: it still resumes (the
+    # old keys are ignored), and a real change of the new key is still refused.
+    stored = run_config.as_plain(c)
+    stored["rl"].update(lr=c.rl.learning_rate, minibatches=c.rl.num_minibatches,
+                        entropy_coef=c.rl.ent_coef)
+    assert run_config.resume_differences(stored, c) == ({}, {})
+    stored["rl"]["learning_rate"] = 1.0
+    assert "rl.learning_rate" in run_config.resume_differences(stored, c)[1]
 
 
 def test_placeholder_fields_override_from_the_command_line():
@@ -119,8 +123,8 @@ def test_placeholder_fields_override_from_the_command_line():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", script, "--config=configs/demo.py",
                           "--config.rl.clip_eps_high=0.28", "--config.rl.micro_batch=8",
-                          "--config.rl.lr=0.002"], cwd=root, capture_output=True, text=True,
-                         timeout=300)
+                          "--config.rl.learning_rate=0.002"], cwd=root, capture_output=True,
+                         text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-4:] == ["0.28", "8", "0.002", "None"]
 
@@ -139,7 +143,7 @@ def test_adaptive_kl_starts_from_kl_coef():
 
 
 def test_loop_builds_grpo_groups_and_checks_them():
-    c = ml_collections.ConfigDict(defaults.base_config())
+    c = ml_collections.ConfigDict(run_config.base_config())
     c.rl.algo = "grpo"
     c.rl.group_size = 3
     cfg = _build(c.rl, group_size=3)

@@ -16,7 +16,7 @@ from absl import flags
 from conftest import ONE_DEVICE_ENV, ROOT, load_launcher
 
 from jaxsocial.models import checkpoint_hf
-from jaxsocial.train import checkpointing, config_check, loop, runner, sharding
+from jaxsocial.train import checkpointing, checks, loop, runner, sharding
 
 SMOKE = os.path.join(ROOT, "configs", "demo.py") + ":smoke"
 
@@ -67,15 +67,15 @@ def _main(mod, capsys, *args, **overrides):
     ("reward.non_post_baseline", True, ("reward.non_post_baseline is no longer a key",
                                         "reward.non_post_mode='mean'")),
     ("rl.kl_per", "seq", ("rl.kl_per='seq'", "('token', 'sequence')")),
-    ("rl.lr", -1e-3, ("rl.lr=-0.001 must be >= 0",)),
+    ("rl.learning_rate", -1e-3, ("rl.learning_rate=-0.001 must be >= 0",)),
 ])
 def test_config_check_names_the_bad_key(key, value, named):
-    config_check.check(load_config())  # control: the smoke config passes
+    checks.check(load_config())  # control: the smoke config passes
     c = load_config()
     section, name = key.split(".")
     c[section][name] = value
     with pytest.raises(ValueError) as e:
-        config_check.check(c)
+        checks.check(c)
     msg = str(e.value)
     assert "\n" not in msg and all(n in msg for n in named), msg
     assert "max_new_tokens" not in msg
@@ -85,10 +85,10 @@ def test_kl_per_sequence_is_ppo_only_and_lr_zero_is_allowed():
     c = load_config()
     c.rl.learning_rate = 0.0  # the frozen control of a study
     c.rl.kl_per = "sequence"
-    config_check.check(c)
+    checks.check(c)
     c.rl.algo = "grpo"
     with pytest.raises(ValueError, match="GRPO charges its KL in the loss"):
-        config_check.check(c)
+        checks.check(c)
 
 
 def test_config_is_checked_before_the_model_is_built(monkeypatch, tmp_path):

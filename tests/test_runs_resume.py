@@ -11,7 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxsocial.train import checkpointing, config_check, loop, runner, sharding
+from jaxsocial.train import checkpointing, loop, runner, sharding
+from jaxsocial.train import config as run_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -130,11 +131,11 @@ def test_safe_change_needs_the_flag_and_is_recorded(smoke, full, tmp_path):
 
 def test_safe_keys_are_an_explicit_short_list():
     c = load_config()
-    stored = config_check.as_plain(c)
+    stored = run_config.as_plain(c)
     c2 = load_config()
     c2.train.epochs, c2.train.keep_checkpoints = 9, 5
     c2.reward.like, c2.society.feed_size, c2.seed = 0.5, 2, 7
-    safe, unsafe = config_check.resume_differences(stored, c2)
+    safe, unsafe = run_config.resume_differences(stored, c2)
     assert set(safe) == {"train.epochs", "train.keep_checkpoints"}
     assert set(unsafe) == {"reward.like", "society.feed_size", "seed"}
 

@@ -86,5 +86,5 @@ def test_study_variant_is_sized_to_decide():
     assert c.reward.to_dict() == base.reward.to_dict()
     rows = c.agents.num_agents * c.rollout.ticks_per_epoch
     assert rows >= 64 and c.train.epochs >= 10
-    assert (rows // c.rl.minibatches) % c.rl.micro_batch == 0
+    assert (rows // c.rl.num_minibatches) % c.rl.micro_batch == 0
     assert base.agents.num_agents * base.rollout.ticks_per_epoch < rows  # the newcomer's run

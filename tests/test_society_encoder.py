@@ -15,7 +15,7 @@ from conftest import load_config_file
 from jaxsocial.models import encoder as encoder_lib
 from jaxsocial.models import zoo
 from jaxsocial.social.state import PAD_TOKEN, PostKind
-from jaxsocial.train import config_check, loop, sharding, society_encoder
+from jaxsocial.train import checks, loop, sharding, society_encoder
 
 TOL = 1e-5
 
@@ -130,7 +130,7 @@ def test_bad_encoder_config_is_one_line(encoder, dim, needle):
     c = load_config_file("configs/demo.py", "smoke")
     c.society.encoder, c.society.embed_dim = encoder, dim
     with pytest.raises(ValueError) as e:
-        config_check.check(c)
+        checks.check(c)
     assert needle in str(e.value)
     c.society.encoder, c.society.embed_dim = "minilm", 384  # the passing control
-    config_check.check(c)
+    checks.check(c)

@@ -158,13 +158,13 @@ def test_parse_arm():
     assert study.parse_arm("skip:reward.non_post_mode=skip,rl.kl_per=sequence") == (
         "skip", [("reward.non_post_mode", "skip"), ("rl.kl_per", "sequence")])
     # A comma inside a value (a tuple) does not start a new override.
-    assert study.parse_arm("t:crowd_text.topics=('cooking', 'travel'),rl.lr=1e-4") == (
-        "t", [("crowd_text.topics", "('cooking', 'travel')"), ("rl.lr", "1e-4")])
+    assert study.parse_arm("t:crowd_text.topics=('cooking', 'travel'),rl.learning_rate=1e-4") == (
+        "t", [("crowd_text.topics", "('cooking', 'travel')"), ("rl.learning_rate", "1e-4")])
     assert study.parse_arm("base:") == ("base", [])
 
 
-@pytest.mark.parametrize("spec", ["noarm", ":rl.lr=0", "a b:rl.lr=0", "a:rl.lr", "a:=1",
-                                  "a:1x=2"])
+@pytest.mark.parametrize("spec", ["noarm", ":rl.learning_rate=0", "a b:rl.learning_rate=0",
+                                  "a:rl.learning_rate", "a:=1", "a:1x=2"])
 def test_parse_arm_refuses_malformed_specs(spec):
     with pytest.raises(ValueError, match=r"expected NAME:key=value"):
         study.parse_arm(spec)
@@ -262,7 +262,7 @@ def test_write_outputs_of_synthetic_runs(launcher, tmp_path, capsys):
     """The launcher's last step on finished runs: study.json / md / png."""
     from ml_collections import ConfigDict
     _write_synthetic(tmp_path)
-    arms = {"trained": [], "control": [("rl.lr", "0")]}
+    arms = {"trained": [], "control": [("rl.learning_rate", "0")]}
     runs = [launcher.Run(arm, seed, str(tmp_path / f"{arm}-seed{seed}"), ["--x"],
                          ConfigDict({"train": {"epochs": 3}}))
             for seed in (0, 1) for arm in arms]
@@ -274,7 +274,7 @@ def test_write_outputs_of_synthetic_runs(launcher, tmp_path, capsys):
         data = json.load(f)
     assert data["config"] == "configs/demo.py:smoke"
     assert data["overrides"] == ["--config.train.epochs=3"]
-    assert data["arms"] == {"trained": [], "control": ["rl.lr=0"]}
+    assert data["arms"] == {"trained": [], "control": ["rl.learning_rate=0"]}
     assert data["seeds"] == [0, 1] and sorted(data["runs"]) == ["control", "trained"]
     run = data["runs"]["trained"]["1"]
     assert run["first"]["avg_likes_per_post"] == 1.0 and run["last"]["total_posts"] == 10
@@ -306,13 +306,13 @@ def test_write_outputs_of_synthetic_runs(launcher, tmp_path, capsys):
 def test_split_overrides(launcher):
     rest, over = launcher.split_overrides(
         ["study.py", "--config=configs/demo.py:smoke", "--config.train.epochs=6", "--seeds=2",
-         "--config.rl.lr", "1e-4", "--config.train.fused_epoch", "--noconfig.train.export_hf",
-         "--control"])
+         "--config.rl.learning_rate", "1e-4", "--config.train.fused_epoch",
+         "--noconfig.train.export_hf", "--control"])
     assert rest == ["study.py", "--config=configs/demo.py:smoke", "--seeds=2", "--control"]
-    assert over == ["--config.train.epochs=6", "--config.rl.lr=1e-4",
+    assert over == ["--config.train.epochs=6", "--config.rl.learning_rate=1e-4",
                     "--config.train.fused_epoch", "--noconfig.train.export_hf"]
     assert [launcher.override_key(o) for o in over] == [
-        "train.epochs", "rl.lr", "train.fused_epoch", "train.export_hf"]
+        "train.epochs", "rl.learning_rate", "train.fused_epoch", "train.export_hf"]
 
 
 def _inputs(launcher, tmp_path, config="configs/demo.py:smoke", overrides=(), arms=(),
@@ -342,7 +342,7 @@ def test_plan_of_a_study(launcher, tmp_path):
                          "--config.rl.kl_coef=0.5", "--config.seed=4", "--noprogress"]
     assert zero.config.rl.kl_coef == 0.5 and skip.config.rl.kl_coef == 0.2  # the arm wins
     assert skip.config.rl.kl_per == "sequence" and skip.config.reward.non_post_mode == "skip"
-    assert control.config.rl.learning_rate == 0 and control.config.rl.lr == 0
+    assert control.config.rl.learning_rate == 0
     assert zero.config.rl.learning_rate == 1e-3 and runs[4].config.seed == 5
     assert all(r.epochs == 3 for r in runs) and zero.log == zero.workdir + ".log"
     assert not os.path.exists(tmp_path / "w")  # planning writes nothing
@@ -350,7 +350,7 @@ def test_plan_of_a_study(launcher, tmp_path):
 
 def test_plan_without_arms_is_trained_and_control(launcher, tmp_path):
     arms, runs = _inputs(launcher, tmp_path, seeds=1)
-    assert arms == {"trained": [], "control": [("rl.lr", "0")]}
+    assert arms == {"trained": [], "control": [("rl.learning_rate", "0")]}
     assert [r.name for r in runs] == ["trained-seed0", "control-seed0"]
 
 
@@ -359,11 +359,12 @@ BAD_INPUT = [
     (dict(parallel=0), "--parallel=0 must be >= 1"),
     (dict(seed_start=-1), "--seed_start=-1 must be >= 0"),
     (dict(arms=["zero"]), "--arm='zero': expected NAME:key=value[,key=value...]"),
-    (dict(arms=["zero:rl.lr"]), "--arm='zero:rl.lr': expected NAME:key=value"),
-    (dict(arms=["a:rl.lr=1e-4", "a:rl.lr=1e-5"]), "--arm='a:rl.lr=1e-5': arm 'a' is given "
-     "twice"),
-    (dict(arms=["control:rl.lr=0"]), "--arm='control:rl.lr=0': the arm name 'control' is "
-     "taken by --control"),
+    (dict(arms=["zero:rl.learning_rate"]),
+     "--arm='zero:rl.learning_rate': expected NAME:key=value"),
+    (dict(arms=["a:rl.learning_rate=1e-4", "a:rl.learning_rate=1e-5"]),
+     "--arm='a:rl.learning_rate=1e-5': arm 'a' is given twice"),
+    (dict(arms=["control:rl.learning_rate=0"]),
+     "--arm='control:rl.learning_rate=0': the arm name 'control' is taken by --control"),
     (dict(config="configs/nope.py"), "--config=configs/nope.py: no such config file"),
     (dict(config="configs/demo.py:bogus"), "--config=configs/demo.py:bogus: ValueError: "
      "unknown demo variant 'bogus'"),
@@ -521,7 +522,7 @@ def test_study_of_smoke_runs_end_to_end(tmp_path):
         assert (work / name).exists(), name
     with open(work / "study.json") as f:
         data = json.load(f)
-    assert data["arms"] == {"trained": [], "control": ["rl.lr=0"]}
+    assert data["arms"] == {"trained": [], "control": ["rl.learning_rate=0"]}
     assert data["seeds"] == [1] and data["control"] == "control"
     assert {a: sorted(r) for a, r in data["runs"].items()} == {"trained": ["1"],
                                                                "control": ["1"]}

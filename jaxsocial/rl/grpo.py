@@ -8,54 +8,17 @@ optional beta * k3 KL(pi || pi_ref) term per token (beta = 0 by default).
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional
 
 import chex
 import jax
 import jax.numpy as jnp
 
-from jaxsocial.rl import common, losses, optim
+from jaxsocial.rl import losses, optim
 from jaxsocial.rl import policy as policy_lib
 from jaxsocial.rl import state as state_lib
 from jaxsocial.rl.buffer import Trajectory, check_trajectory
-
-LOSS_AGGREGATIONS = ("token_mean", "seq_mean")
-
-
-@dataclasses.dataclass(frozen=True)
-class GRPOConfig(common.OptimConfig):
-    """GRPO knobs (defaults: docs/rl.md, "Defaults"). The optimizer, update structure, surrogate, KL
-    and sampling fields come from `common.OptimConfig` (GRPO's own defaults below)."""
-
-    # shared fields with GRPO defaults (1 epoch: one gradient step per fresh batch, as TRL)
-    learning_rate: float = 1e-6
-    ppo_epochs: int = 1
-    kl_coef: float = 0.0                  # KL in the loss, not in the reward
-    kl_estimator: str = "k3"
-    temperature: float = 1.0
-    # GRPO's own
-    group_size: int = 8
-    loss_aggregation: str = "token_mean"  # "seq_mean": per-sequence mean, then batch mean
-    scale_rewards: bool = True            # False: Dr. GRPO (no division by the group std)
-    std_eps: float = 1e-4
-    std_ddof: int = 1                     # 1 = unbiased group std (torch.std, as TRL)
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.group_size < 2:
-            raise ValueError(f"group_size must be >= 2, got {self.group_size}")
-        if self.loss_aggregation not in LOSS_AGGREGATIONS:
-            raise ValueError(f"loss_aggregation={self.loss_aggregation!r}; choose one of "
-                             f"{LOSS_AGGREGATIONS}")
-        if self.std_ddof not in (0, 1):
-            raise ValueError(f"std_ddof must be 0 or 1, got {self.std_ddof}")
-
-    adaptive_kl = False
-
-    @property
-    def initial_kl_coef(self) -> float:
-        return self.kl_coef
+from jaxsocial.rl.config import LOSS_AGGREGATIONS, GRPOConfig  # noqa: F401 (grpo.GRPOConfig)
 
 
 def group_advantages(scores: jax.Array, group_size: int, eps: float = 1e-4,

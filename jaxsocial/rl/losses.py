@@ -14,7 +14,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from jaxsocial.rl.common import KL_ESTIMATORS
+from jaxsocial.rl.config import KL_ESTIMATORS
 
 Array = jax.Array
 

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxsocial.rl import common
+from jaxsocial.rl import config as rl_config
 from jaxsocial.rl import state as state_lib
 
 Array = jax.Array
@@ -69,7 +69,7 @@ def run_epochs(loss_fn: Callable, tx: optax.GradientTransformation, schedule: op
     the steps).
     """
     b = jax.tree.leaves(rows)[0].shape[0]
-    grad_accum_steps, micro = common.OptimConfig(
+    grad_accum_steps, micro = rl_config.OptimConfig(
         num_minibatches=num_minibatches, grad_accum_steps=1 if micro_batch else grad_accum_steps,
         micro_batch=micro_batch).accumulation(b)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)

@@ -2,7 +2,7 @@
 terms (`losses.py`), which GRPO (`grpo.py`) runs on too.
 
 Pieces (all [B, T] float32 over the response tokens unless stated; mask 1 on valid tokens):
-  PPOConfig          the shared `common.OptimConfig` plus the critic, GAE and KL-controller knobs
+  PPOConfig          (rl.config) OptimConfig plus the critic, GAE and KL-controller knobs
   token_rewards      r_t = -beta * kl_t (+ episode score at the last valid token)
   compute_gae        GAE as a reverse lax.scan; returns = advantages + values
   adaptive_kl_update Ziegler et al. (2019) proportional controller
@@ -11,72 +11,17 @@ Pieces (all [B, T] float32 over the response tokens unless stated; mask 1 on val
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Optional
-
 import chex
 import jax
 import jax.numpy as jnp
 
-from jaxsocial.rl import common, losses, optim
+from jaxsocial.rl import losses, optim
 from jaxsocial.rl import policy as policy_lib
 from jaxsocial.rl import state as state_lib
 from jaxsocial.rl.buffer import Trajectory, check_trajectory
+from jaxsocial.rl.config import KL_PER, REWARD_NORMS, PPOConfig  # noqa: F401 (ppo.PPOConfig)
 
 Array = jax.Array
-
-REWARD_NORMS = ("none", "running")
-KL_PER = ("token", "sequence")
-
-
-# ----------------------------------------------------------------------------------------------
-# Config
-
-
-@dataclasses.dataclass(frozen=True)
-class PPOConfig(common.OptimConfig):
-    """PPO knobs (TRL-style token-level PPO; defaults: docs/rl.md, "Defaults"). The optimizer,
-    update structure, surrogate, KL and sampling fields come from `common.OptimConfig`."""
-
-    # value loss
-    value_clip: float = 0.2
-    vf_coef: float = 0.1
-    # advantages
-    gamma: float = 1.0
-    lam: float = 0.95
-    whiten_advantages: bool = True
-    whiten_rewards: bool = False
-    reward_norm: str = "none"            # "running": divide scores by a running std
-    reward_clip: Optional[float] = None  # clip (normalised) scores to [-c, c]
-    # KL in the reward: "token" = -kl_coef * kl_t on every token (a sequence pays its summed
-    # KL, so short answers pay less); "sequence" = one term -kl_coef * mean_t kl_t at the last
-    # token (every answer pays its mean per-token KL, whatever its length)
-    kl_per: str = "token"
-    # adaptive KL controller (Ziegler et al. 2019); it starts from kl_coef
-    adaptive_kl: bool = False
-    adaptive_kl_init: Optional[float] = None  # None: start from kl_coef (an explicit start)
-    kl_target: float = 6.0
-    kl_horizon: float = 10_000.0
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.reward_norm not in REWARD_NORMS:
-            raise ValueError(f"reward_norm={self.reward_norm!r}; choose one of {REWARD_NORMS}")
-        if self.kl_per not in KL_PER:
-            raise ValueError(f"kl_per={self.kl_per!r}; choose one of {KL_PER}")
-        if self.value_clip <= 0:
-            raise ValueError(f"value_clip must be > 0, got {self.value_clip}")
-        if not 0.0 <= self.lam <= 1.0 or not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
-        if self.adaptive_kl and self.kl_coef <= 0 and self.adaptive_kl_init is None:
-            raise ValueError(f"adaptive_kl starts from kl_coef, which must be > 0 "
-                             f"(a multiplicative controller cannot leave 0), got {self.kl_coef}")
-
-    @property
-    def initial_kl_coef(self) -> float:
-        if self.adaptive_kl and self.adaptive_kl_init is not None:
-            return self.adaptive_kl_init
-        return self.kl_coef
 
 
 # ----------------------------------------------------------------------------------------------

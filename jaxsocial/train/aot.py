@@ -43,6 +43,7 @@ from jaxsocial.rl import optim
 from jaxsocial.rl import policy as policy_lib
 from jaxsocial.rl import ppo as ppo_lib
 from jaxsocial.train import bounds, loop, memory, sharding
+from jaxsocial.train import config as run_config
 
 GiB = 1024 ** 3
 
@@ -108,7 +109,7 @@ def _abstract_weights(model_overrides: Optional[Dict[str, Any]] = None):
     def load(config):
         m = config.model
         cfg = llama.preset(m.preset, dtype=m.dtype, param_dtype=m.param_dtype,
-                           **{**loop.model_switches(m), **(model_overrides or {})})
+                           **{**run_config.model_switches(m), **(model_overrides or {})})
         tokenizer = loading.resolve_tokenizer(config.tokenizer or None, cfg)
         model = nnx.eval_shape(lambda: llama.Llama(cfg, rngs=nnx.Rngs(0)))
         return model, tokenizer, loading.stop_token_ids(tokenizer, cfg)

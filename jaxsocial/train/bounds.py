@@ -1,7 +1,7 @@
 """Bounds a Social-RL config's shapes must stay within, checked from the config alone.
 
 `problems(config)` returns one line per problem, each naming its `--config.` key; it is part of
-`config_check.check`, so a config that breaks a bound is refused before a model is loaded,
+`train.checks.check`, so a config that breaks a bound is refused before a model is loaded,
 anything is allocated or a workdir is written. Two kinds of bound:
 
 - hard limits, the module constants below: `MAX_PERSONA_TOKENS` for a persona, `MAX_ID` for
@@ -44,6 +44,7 @@ import math
 import os
 from typing import Callable, Dict, List, Optional, Tuple
 
+from jaxsocial.train import config as run_config
 from jaxsocial.train import memory
 
 GiB = memory.GiB
@@ -74,17 +75,7 @@ TEXT_BANK_CHUNK = 64
 _PROMPT_BUCKET = 64  # PromptTemplate.build rounds max_len up to this
 
 
-def config_get(c, dotted: str, default=None):
-    """`c["a"]["b"]` for `dotted` = "a.b", or `default` where a part is missing (configs of
-    other launchers, partial test configs)."""
-    for part in dotted.split("."):
-        if not hasattr(c, "get") or part not in c:
-            return default
-        c = c[part]
-    return c
-
-
-_get = config_get
+_get = run_config.config_get
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,10 +232,9 @@ def model_config(config):
     config.json / GGUF header, with the config's dtypes and switches (remat, attention_chunk,
     scan_layers). None when the checkpoint cannot be read here (its loader then says why)."""
     from jaxsocial.models import checkpoint_hf, gguf, llama
-    from jaxsocial.train import loop
 
     m = config.model
-    switches = loop.model_switches(m)
+    switches = run_config.model_switches(m)
     ckpt = str(m.get("checkpoint", "") or "")
     try:
         if not ckpt:
@@ -262,19 +252,6 @@ def model_config(config):
 
 # ---------------------------------------------------------------------------------------------
 # memory
-
-
-def rl_config(config, active: int):
-    """The run's PPOConfig / GRPOConfig as `SocialRL` builds it (`active` agents per tick: the
-    default GRPO group), for the update's minibatch and micro-batch rows."""
-    from jaxsocial.rl import common as rl_common
-    c = config
-    group = int(_get(c, "rl.group_size", 0) or 0) or active
-    return rl_common.from_run_config(
-        c.rl, loop_keys=("value_mode", "lora_rank", "lora_alpha"), stop_token_ids=(),
-        temperature=float(c.rollout.temperature), top_k=int(c.rollout.top_k),
-        top_p=float(c.rollout.top_p), group_size=group,
-        reward_norm="running" if _get(c, "reward.normalize") == "running" else "none")
 
 
 def _micro(rl, rows: int) -> int:
@@ -297,13 +274,12 @@ class Need:
 
 def need(config, sh: Shapes, cfg, mesh_shape, rl) -> Need:
     """`Need` of `config` with the sizes `sh`, the model `cfg` on `mesh_shape` and `rl` (the
-    run's PPOConfig / GRPOConfig, `rl_config`)."""
+    run's PPOConfig / GRPOConfig, `train.config.rl_config`)."""
     from jaxsocial.social import society
-    from jaxsocial.train import defaults
 
     c = config
     rows = sh.ticks * sh.active
-    sp = society.make_params(**defaults.society_fields(c), num_agents=sh.num_agents,
+    sp = society.make_params(**run_config.society_fields(c), num_agents=sh.num_agents,
                              reward_horizon=int(_get(c, "reward.horizon", 1)))
     sp = sp.replace(num_users=sh.num_users, post_capacity=sh.post_capacity,
                     content_len=sh.content_len, feed_size=sh.feed_size,
@@ -440,7 +416,7 @@ def memory_problems(config, sh: Shapes, exact: bool = True) -> List[str]:
     total, kind, _ = memory.machine_memory()
     host = memory.host_memory_bytes()
     mesh_shape = _mesh_shape(config, jax.device_count())
-    rl = rl_config(config, sh.active)
+    rl = run_config.rl_config(config, sh.active)
     full, floor = (need(config, sh, cfg, mesh_shape, rl),
                    need(config, _all_floors(sh), cfg, mesh_shape, rl))
     where = f"more than this machine's {total / GiB:.1f} GiB of {kind}"
@@ -481,7 +457,7 @@ def describe(config) -> Dict[str, object]:
     out = dict(shapes=sh, exact_tokens=exact, prompt_len=sh.prompt_len, memory=total,
                memory_kind=what, per_device=per_device, mesh_shape=mesh_shape)
     if cfg is not None:
-        rl = rl_config(config, sh.active)
+        rl = run_config.rl_config(config, sh.active)
         out.update(need=need(config, sh, cfg, mesh_shape, rl),
                    floor=need(config, _all_floors(sh), cfg, mesh_shape, rl))
     return out

@@ -163,7 +163,7 @@ def make_epoch(run) -> EpochFns:
     settle = horizon - 1 if r.settle else 0
     reward_weights = (float(r.like), float(r.repost), float(r.comment))
     new_followers = float(r.new_followers)
-    non_post_mode = r.get("non_post_mode", "constant")  # checked by config_check
+    non_post_mode = r.get("non_post_mode", "constant")  # checked by train.config.check
     non_post, normalize = float(r.non_post), r.normalize
     text_posts = int(c.train.get("text_metrics_posts", 4096))
     # rl.old_logprobs: the rollout's log-probs serve as the old log-probs where they are exact

@@ -30,7 +30,6 @@ from flax import nnx
 from jaxsocial import models
 from jaxsocial.generation.sampling import SamplingConfig
 from jaxsocial.models import checkpoint_hf, llama, zoo
-from jaxsocial.rl import common as rl_common
 from jaxsocial.rl import grpo as grpo_lib
 from jaxsocial.rl import lora as lora_lib
 from jaxsocial.rl import optim
@@ -41,14 +40,14 @@ from jaxsocial.social.actions import ActionType
 from jaxsocial.social.state import normalize
 from jaxsocial.train import (
     agent_actions,
+    checks,
     code_problems,
-    config_check,
-    defaults,
     memory,
     report,
     sharding,
     society_encoder,
 )
+from jaxsocial.train import config as run_config
 from jaxsocial.train import epoch as epoch_lib
 from jaxsocial.train.epoch import EpochView, Rollout, RunState, make_epoch
 
@@ -60,17 +59,10 @@ Array = jax.Array
 def _load(config):
     """-> (model, tokenizer, stop_ids) through the one loader (`models.load`): the checkpoint,
     or a random `model.preset` with `config.tokenizer` (default: the tiny tokenizer)."""
-    m = config.model  # model.require_checkpoint is checked by config_check
+    m = config.model  # model.require_checkpoint is checked by checks.check
     return models.load(m.checkpoint or m.preset, dtype=m.dtype, param_dtype=m.param_dtype,
                        tokenizer=config.tokenizer or None, seed=int(config.seed),
-                       **model_switches(m))
-
-
-def model_switches(m) -> dict:
-    """The `LlamaConfig` switches a config's `model` block sets over the checkpoint's or
-    preset's own (remat, attention_chunk, scan_layers)."""
-    return dict(remat=bool(m.remat), attention_chunk=int(m.get("attention_chunk", 0)),
-                scan_layers=bool(m.get("scan_layers", False)))
+                       **run_config.model_switches(m))
 
 
 class _BindFrozen:
@@ -93,7 +85,7 @@ class SocialRL:
 
     def __init__(self, config: ml_collections.ConfigDict, mesh=None):
         self.config = config
-        config_check.check(config)  # before anything is built or compiled
+        checks.check(config)  # before anything is built or compiled
         c = config
         if c.rl.algo not in ("ppo", "grpo"):
             raise ValueError(f"rl.algo={c.rl.algo!r}; choose 'ppo' or 'grpo'")
@@ -120,7 +112,7 @@ class SocialRL:
         if horizon < 1:
             raise ValueError(f"reward.horizon must be >= 1, got {horizon}")
         # The society's knobs (SocialParams), not to be confused with the policy's params.
-        self.social_params = society.make_params(**defaults.society_fields(c), num_agents=a,
+        self.social_params = society.make_params(**run_config.society_fields(c), num_agents=a,
                                                  reward_horizon=horizon)
         if self.social_params.num_users < a:
             raise ValueError(f"society.num_users={self.social_params.num_users} < "
@@ -174,7 +166,7 @@ class SocialRL:
         self.update = make(self.rl_config, pdef, grammar=self.grammar)
         # The society's frozen encoder (train.society_encoder): the sentence encoder, or the
         # reference's hidden states, mean-pooled, through a fixed random projection.
-        self.encoder_kind = c.society.get("encoder", "reference")  # checked by config_check
+        self.encoder_kind = c.society.get("encoder", "reference")  # checked by checks.check
         self.encoder_graphdef = self.encoder_params = self.retokenizer = None
         self.embed_center = self.projection = None
         if self.encoder_kind == "minilm":
@@ -272,31 +264,20 @@ class SocialRL:
         return project(short), project(pooled(long_tok))
 
     def _rl_config(self, c):
-        """PPOConfig / GRPOConfig from `c.rl`: every dataclass field under its own name
-        (`rl_common.from_run_config`; unknown keys are one error naming them). Sampling comes
-        from c.rollout and the tokenizer, PPO's reward_norm from c.reward.normalize."""
-        group = int(c.rl.get("group_size", 0) or 0)
-        if c.rl.algo == "grpo":
-            # Default group = the agents acting in the same tick (a tick-level baseline): the
-            # society applies one answer per agent, so there are no repeated samples of one
-            # prompt. A smaller group must split the tick's rows evenly.
-            group = group or self.active
-            if self.active % group:
-                raise ValueError(f"rl.group_size={group} must divide the agents acting per tick "
-                                 f"({self.active}): a group never spans two ticks")
-        return rl_common.from_run_config(
-            c.rl, loop_keys=("value_mode", "lora_rank", "lora_alpha"),
-            stop_token_ids=self.stop_ids, temperature=float(c.rollout.temperature),
-            top_k=int(c.rollout.top_k), top_p=float(c.rollout.top_p), group_size=group,
-            # running reward std: kept in TrainState.reward_stats
-            reward_norm="running" if c.reward.normalize == "running" else "none")
+        """PPOConfig / GRPOConfig of the run (`run_config.rl_config`) with the tokenizer's stop
+        ids; a GRPO group must split the agents acting in one tick evenly."""
+        cfg = run_config.rl_config(c, self.active).replace(stop_token_ids=self.stop_ids)
+        if c.rl.algo == "grpo" and self.active % cfg.group_size:
+            raise ValueError(f"rl.group_size={cfg.group_size} must divide the agents acting per "
+                             f"tick ({self.active}): a group never spans two ticks")
+        return cfg
 
     def memory_estimate(self) -> memory.MemoryEstimate:
         """`memory.estimate` of this run's epoch: B = agents acting per tick in the rollout,
         ticks x B trajectories scored and trained, the update's minibatch and micro-batch."""
         c = self.config
         rows = int(c.rollout.ticks_per_epoch) * self.active
-        minibatch = rows // max(1, int(c.rl.minibatches))
+        minibatch = rows // max(1, int(c.rl.num_minibatches))
         micro = self.rl_config.accumulation(rows)[1]
         return memory.estimate(
             self.model_config, tuple(self.mesh.shape.values()), batch=self.active,

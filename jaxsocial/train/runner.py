@@ -19,7 +19,8 @@ from absl import logging
 from tqdm import tqdm
 
 from jaxsocial.models import checkpoint_hf
-from jaxsocial.train import checkpointing, config_check, loop, report, sharding, workdir_lock
+from jaxsocial.train import checkpointing, checks, loop, report, sharding, workdir_lock
+from jaxsocial.train import config as run_config
 from jaxsocial.train import run_log as log_lib
 
 SUMMARY_KEYS = ("avg_likes_per_post", "zero_like_share", "positive_engagement_share",
@@ -52,15 +53,15 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, A
     stored = _read_stored_config(os.path.join(workdir, "config.json"))
     if stored is None:
         return {}
-    safe, unsafe = config_check.resume_differences(stored, config)
+    safe, unsafe = run_config.resume_differences(stored, config)
     if unsafe:
         raise ValueError(
             f"cannot resume {workdir}: it was trained with a different "
-            f"{config_check.format_differences(unsafe)}; these change shapes or semantics: "
+            f"{run_config.format_differences(unsafe)}; these change shapes or semantics: "
             f"use a new --workdir (or --noresume to start over there)")
     if safe and not config.train.get("allow_config_change", False):
         raise ValueError(
-            f"resuming {workdir} with changed {config_check.format_differences(safe)}: pass "
+            f"resuming {workdir} with changed {run_config.format_differences(safe)}: pass "
             f"--config.train.allow_config_change=True to accept, or use a new --workdir")
     return safe
 
@@ -70,7 +71,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, resume: bool = True,
           run: Optional[loop.SocialRL] = None, progress_file=None) -> Dict[str, Any]:
     """Run (or resume) training in `workdir`. Returns the summary dict (also summary.json).
 
-    Before anything is built the config is checked (`config_check.check`) and, when resuming,
+    Before anything is built the config is checked (`checks.check`) and, when resuming,
     compared with workdir/config.json (`check_resume`). The newest checkpoint that restores
     and verifies is used (corrupt ones are set aside with a warning). metrics.jsonl,
     samples.jsonl and the TensorBoard events are cut to the restored epoch on every start, so
@@ -90,7 +91,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, resume: bool = True,
     interruption); checkpoints are written as configured. run: a SocialRL already built
     from the same config (reuses its compiled programs). progress_file: stream for the bar.
     """
-    config_check.check(config)
+    checks.check(config)
     lock = workdir_lock.WorkdirLock(workdir)
     with checkpointing.PreemptionGuard(immediate=True) as guard:
         try:
@@ -161,7 +162,7 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
                 f.write(json.dumps({"resumed_epoch": restored_epoch, "time": time.time(),
                                     "changes": {k: list(v) for k, v in changes.items()}}) + "\n")
             logging.warning("resuming with changed %s (recorded in config_changes.jsonl)",
-                            config_check.format_differences(changes))
+                            run_config.format_differences(changes))
         if not resuming and os.path.exists(os.path.join(workdir, "config_changes.jsonl")):
             os.remove(os.path.join(workdir, "config_changes.jsonl"))
         _write_text_atomic(config_path, config.to_json_best_effort(indent=2))

@@ -1,7 +1,28 @@
-"""Defaults shared by every Social-RL config (configs/*.py override what they need)."""
+"""A run's configuration: the defaults every config starts from (`base_config`; configs/*.py
+override what they need), the helpers that read a block (`society_fields`, `model_switches`,
+`config_get`), the mapping of the `rl` block onto the algorithms' dataclasses
+(`from_run_config`, `rl_config`), and the resume comparison (`resume_differences`). The checks
+that run before anything is built are `train.checks.check`.
+
+Adding a config key: declare it with its default and a comment in `base_config`, check it in
+`train.checks.check` if a value can be wrong, list it in `SAFE_ON_RESUME` if it may change on
+resume, and read it where it is used (docs/architecture.md).
+
+`resume_differences(stored, config)` compares the config a workdir was trained with
+(`workdir/config.json`) with the new one. Only the keys in `SAFE_ON_RESUME` may change on
+resume (they change neither shapes nor what the trained numbers mean), and only with
+`--config.train.allow_config_change=True`; every other difference refuses the resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Dict, Tuple
+
 import ml_collections
 
-from jaxsocial.rl import common as rl_common
+from jaxsocial.rl import config as rl_classes
 
 PERSONAS = (
     "You are Ada, a software engineer who loves open-source tools and clean code.",
@@ -84,12 +105,11 @@ def base_config() -> ml_collections.ConfigDict:
         algo="ppo",          # "ppo" | "grpo"
         value_mode="head",   # PPO critic: "head" | "critic"
         lora_rank=0, lora_alpha=16.0,  # lora_rank > 0: train adapters only (ref = base)
-        **rl_common.run_config_fields()))
+        **run_config_fields()))
     c.rl.group_size = 0      # GRPO: 0 = the agents acting in one tick form a group
-    rl_common.add_aliases(c.rl)  # rl.lr, rl.minibatches, rl.entropy_coef: old names, same values
     c.train = ml_collections.ConfigDict(dict(
         epochs=4, checkpoint_every=1, keep_checkpoints=3, log_samples=4, export_hf=True,
-        allow_config_change=False,  # True: resume accepts changed train.* keys (config_check)
+        allow_config_change=False,  # True: resume accepts changed train.* keys (SAFE_ON_RESUME)
         fused_epoch=True,  # one compiled program per epoch (not with a host-side code bonus)
         text_metrics_posts=4096))  # text drift / topics / top posts over the first K posts
     # Verifiable bonus for answers to programming problems (configs/code.py).
@@ -151,8 +171,158 @@ def smoke(c: ml_collections.ConfigDict, content_len: int = 12,
     c.rollout.max_new_tokens = max_new_tokens
     c.reward.horizon = 2
     c.rl.ppo_epochs = 1
-    c.rl.minibatches = 1
+    c.rl.num_minibatches = 1
     c.train.epochs = 1
     c.train.checkpoint_every = 1
     return c
 
+
+# ----------------------------------------------------------------------------------------------
+# The `rl` block -> PPOConfig / GRPOConfig
+# Names the `rl` block had before it took the dataclasses' own: no longer keys (an error names
+# the new key), and ignored where an older workdir's config.json still holds them.
+RENAMED = {"lr": "learning_rate", "minibatches": "num_minibatches", "entropy_coef": "ent_coef"}
+# Set by the loop from elsewhere in the config, never from `c.rl`.
+LOOP_SET = {"stop_token_ids": "the tokenizer's stop tokens", "temperature": "rollout.temperature",
+            "top_k": "rollout.top_k", "top_p": "rollout.top_p",
+            "reward_norm": "reward.normalize"}
+
+
+ALGOS = {"ppo": rl_classes.PPOConfig, "grpo": rl_classes.GRPOConfig}
+
+
+def run_config_fields() -> dict:
+    """{name: default} of every PPOConfig / GRPOConfig field a run config sets under its own
+    name: the shared OptimConfig fields (PPO's defaults), then PPO's and GRPO's own."""
+    out = rl_classes.config_fields(ALGOS["ppo"], [n for n in rl_classes.base_field_names()
+                                                 if n not in LOOP_SET])
+    for cls in ALGOS.values():
+        out.update(rl_classes.config_fields(cls, [n for n in rl_classes.specific_field_names(cls)
+                                                 if n not in LOOP_SET]))
+    return out
+
+
+def from_run_config(rl, *, loop_keys=(), **fixed):
+    """Build the PPOConfig / GRPOConfig of `rl["algo"]` from a run config's `rl` block.
+
+    rl: mapping with "algo" and any fields of `run_config_fields()`;
+    loop_keys: other keys the caller reads itself (value_mode, lora_rank, ...); fixed: values
+    the caller sets from elsewhere (stop_token_ids, temperature, ...; ignored when the class
+    lacks the field). Raises one ValueError naming every unknown key (a renamed one with its
+    new name); the dataclass checks the values.
+    """
+    rl = dict(rl)
+    algo = rl.get("algo", "ppo")
+    if algo not in ALGOS:
+        raise ValueError(f"rl.algo={algo!r}; choose one of {sorted(ALGOS)}")
+    fields = run_config_fields()
+    known = set(fields) | set(loop_keys) | {"algo"}
+    unknown = sorted(set(rl) - known)
+    if unknown:
+        hints = [f"rl.{k} (set by {LOOP_SET[k]})" if k in LOOP_SET else
+                 f"rl.{k} (now rl.{RENAMED[k]})" if k in RENAMED else f"rl.{k}"
+                 for k in unknown]
+        raise ValueError(f"unknown config key(s) {', '.join(hints)}; the rl block takes the "
+                         f"fields of PPOConfig / GRPOConfig under their own names (docs/rl.md)")
+    cls = ALGOS[algo]
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: v for k, v in rl.items() if k in names}
+    kwargs.update({k: v for k, v in fixed.items() if k in names})
+    return cls(**kwargs)
+
+
+def config_get(c, dotted: str, default=None):
+    """`c["a"]["b"]` for `dotted` = "a.b", or `default` where a part is missing (configs of
+    other launchers, partial test configs)."""
+    for part in dotted.split("."):
+        if not hasattr(c, "get") or part not in c:
+            return default
+        c = c[part]
+    return c
+
+
+_get = config_get
+
+
+def model_switches(m) -> dict:
+    """The `LlamaConfig` switches a config's `model` block sets over the checkpoint's or
+    preset's own (remat, attention_chunk, scan_layers)."""
+    return dict(remat=bool(m.remat), attention_chunk=int(m.get("attention_chunk", 0)),
+                scan_layers=bool(m.get("scan_layers", False)))
+
+
+def rl_config(config: ml_collections.ConfigDict, active: int):
+    """The run's PPOConfig / GRPOConfig from `config.rl` (`from_run_config`), sampling from
+    `config.rollout`, PPO's reward_norm from `config.reward.normalize`; `active` agents per
+    tick are GRPO's default group (`rl.group_size=0`). The stop ids are the caller's (the
+    tokenizer's; () for sizing)."""
+    c = config
+    group = int(_get(c, "rl.group_size", 0) or 0) or active
+    return from_run_config(
+        c.rl, loop_keys=("value_mode", "lora_rank", "lora_alpha"), stop_token_ids=(),
+        temperature=float(c.rollout.temperature), top_k=int(c.rollout.top_k),
+        top_p=float(c.rollout.top_p), group_size=group,
+        reward_norm="running" if _get(c, "reward.normalize") == "running" else "none")
+
+
+# ----------------------------------------------------------------------------------------------
+# The resume comparison
+
+# Keys that may differ between a run and its resumption. Everything else (model, agents,
+# society, rollout, reward, rl, code, seed, tokenizer) changes shapes or semantics.
+SAFE_ON_RESUME = (
+    "name",                   # only names the default workdir
+    "train.epochs",           # train longer (or stop earlier)
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.log_samples",
+    "train.export_hf",
+    "train.fused_epoch",      # one program or three: same run
+    "train.text_metrics_posts",
+    "mesh.shape",             # restore re-shards onto the new mesh
+    "distributed.",           # prefix: addresses and process ids of the new job
+)
+IGNORED_ON_RESUME = ("train.allow_config_change",)
+
+
+def _flat(tree: Any, prefix: str = "") -> Dict[str, Any]:
+    out = {}
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+    else:
+        out[prefix[:-1]] = tree
+    return out
+
+
+def as_plain(config: ml_collections.ConfigDict) -> Dict[str, Any]:
+    """The config as config.json stores it (tuples become lists)."""
+    return json.loads(config.to_json_best_effort())
+
+
+def _safe(key: str) -> bool:
+    return any(key == s or (s.endswith(".") and key.startswith(s)) for s in SAFE_ON_RESUME)
+
+
+def resume_differences(stored: Dict[str, Any], config: ml_collections.ConfigDict
+                       ) -> Tuple[Dict[str, Tuple[Any, Any]], Dict[str, Tuple[Any, Any]]]:
+    """(safe, unsafe) differences {key: (stored value, new value)}; a missing key is None."""
+    old, new = _flat(stored), _flat(as_plain(config))
+    for name in RENAMED:  # an older config.json holds these beside their new keys
+        old.pop(f"rl.{name}", None)
+    safe, unsafe = {}, {}
+    for key in sorted(set(old) | set(new)):
+        if key in IGNORED_ON_RESUME or old.get(key) == new.get(key):
+            continue
+        (safe if _safe(key) else unsafe)[key] = (old.get(key), new.get(key))
+    return safe, unsafe
+
+
+def format_differences(diffs: Dict[str, Tuple[Any, Any]], limit: int = 6) -> str:
+    def short(v):
+        s = json.dumps(v)
+        return s if len(s) <= 40 else s[:37] + "..."
+    items = [f"{k} ({short(a)} -> {short(b)})" for k, (a, b) in diffs.items()]
+    if len(items) > limit:
+        items = items[:limit] + [f"{len(items) - limit} more"]
+    return ", ".join(items)

@@ -1,86 +1,24 @@
-"""Config checks that run before anything is built or compiled, and the resume comparison.
+"""Config checks that run before anything is built or compiled.
 
 `check(config)` raises one ValueError listing every inconsistent value (named by its
 `--config.` key) before a model is built: a bad value must not surface minutes later inside a
-compiled program, nor be blamed on another key.
-
-`resume_differences(stored, config)` compares the config a workdir was trained with
-(`workdir/config.json`) with the new one. Only the keys in `SAFE_ON_RESUME` may change on
-resume (they change neither shapes nor what the trained numbers mean), and only with
-`--config.train.allow_config_change=True`; every other difference refuses the resume.
+compiled program, nor be blamed on another key. The sizes against the hard limits and this
+machine's memory come from `train.bounds`. (The keys and their defaults: `train.config`.)
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any, Dict, List, Tuple
+from typing import List
 
 import ml_collections
 
-from jaxsocial.rl.ppo import KL_PER
+from jaxsocial.rl.config import KL_PER
 from jaxsocial.rl.rewards import NON_POST_MODES, NORMALIZE_MODES
 from jaxsocial.social import activation, society, text_bank
-from jaxsocial.train import agent_actions, bounds, defaults, society_encoder
+from jaxsocial.train import agent_actions, bounds, society_encoder
+from jaxsocial.train import config as run_config
 
-# Keys that may differ between a run and its resumption. Everything else (model, agents,
-# society, rollout, reward, rl, code, seed, tokenizer) changes shapes or semantics.
-SAFE_ON_RESUME = (
-    "name",                   # only names the default workdir
-    "train.epochs",           # train longer (or stop earlier)
-    "train.checkpoint_every",
-    "train.keep_checkpoints",
-    "train.log_samples",
-    "train.export_hf",
-    "train.fused_epoch",      # one program or three: same run
-    "train.text_metrics_posts",
-    "mesh.shape",             # restore re-shards onto the new mesh
-    "distributed.",           # prefix: addresses and process ids of the new job
-)
-IGNORED_ON_RESUME = ("train.allow_config_change",)
-
-
-def _flat(tree: Any, prefix: str = "") -> Dict[str, Any]:
-    out = {}
-    if isinstance(tree, dict):
-        for k, v in tree.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-    else:
-        out[prefix[:-1]] = tree
-    return out
-
-
-def as_plain(config: ml_collections.ConfigDict) -> Dict[str, Any]:
-    """The config as config.json stores it (tuples become lists)."""
-    return json.loads(config.to_json_best_effort())
-
-
-def _safe(key: str) -> bool:
-    return any(key == s or (s.endswith(".") and key.startswith(s)) for s in SAFE_ON_RESUME)
-
-
-def resume_differences(stored: Dict[str, Any], config: ml_collections.ConfigDict
-                       ) -> Tuple[Dict[str, Tuple[Any, Any]], Dict[str, Tuple[Any, Any]]]:
-    """(safe, unsafe) differences {key: (stored value, new value)}; a missing key is None."""
-    old, new = _flat(stored), _flat(as_plain(config))
-    safe, unsafe = {}, {}
-    for key in sorted(set(old) | set(new)):
-        if key in IGNORED_ON_RESUME or old.get(key) == new.get(key):
-            continue
-        (safe if _safe(key) else unsafe)[key] = (old.get(key), new.get(key))
-    return safe, unsafe
-
-
-def format_differences(diffs: Dict[str, Tuple[Any, Any]], limit: int = 6) -> str:
-    def short(v):
-        s = json.dumps(v)
-        return s if len(s) <= 40 else s[:37] + "..."
-    items = [f"{k} ({short(a)} -> {short(b)})" for k, (a, b) in diffs.items()]
-    if len(items) > limit:
-        items = items[:limit] + [f"{len(items) - limit} more"]
-    return ", ".join(items)
-
-
-_get = bounds.config_get
+_get = run_config.config_get
 
 
 def check(config: ml_collections.ConfigDict) -> None:
@@ -155,9 +93,9 @@ def check(config: ml_collections.ConfigDict) -> None:
     need(1 <= buckets <= new, f"rollout.decode_buckets={_get(config, 'rollout.decode_buckets')} "
          f"must be in [1, {new}] (at most one decode segment per new token)")
     at_least("rollout.temperature", 0, 1.0)
-    at_least("rl.minibatches", 1, 1)
+    at_least("rl.num_minibatches", 1, 1)
     at_least("rl.ppo_epochs", 1, 1)
-    at_least("rl.lr", 0, 0.0)
+    at_least("rl.learning_rate", 0, 0.0)
     need(not (_get(config, "model.require_checkpoint", False)
               and not _get(config, "model.checkpoint", "")),
          f"model.checkpoint is empty but config {_get(config, 'name', '?')!r} needs one "
@@ -188,7 +126,7 @@ def check(config: ml_collections.ConfigDict) -> None:
             problems.append(str(e))
     if not problems and "society" in config:
         try:
-            sp = society.make_params(**defaults.society_fields(config), num_agents=int(agents),
+            sp = society.make_params(**run_config.society_fields(config), num_agents=int(agents),
                                      reward_horizon=int(num("reward.horizon", 1)))
         except (ValueError, TypeError) as e:
             problems.append(f"society: {e}")

@@ -1,10 +1,11 @@
-"""Settings PPO and GRPO share: the optimizer, the update's structure, the clipped surrogate,
-the KL to the reference, the response rules and the sampling distribution.
+"""The RL algorithms' settings: `OptimConfig` (what PPO and GRPO share: the optimizer, the
+update's structure, the clipped surrogate, the KL to the reference, the response rules and the
+sampling distribution), `PPOConfig` (the critic, GAE and the KL controller) and `GRPOConfig`
+(group advantages, loss aggregation). Frozen dataclasses: each checks its values when built.
 
-`OptimConfig` is the base of `ppo.PPOConfig` and `grpo.GRPOConfig`; each adds its own
-advantage / loss settings. `config_fields` lists the fields a run config may set (everything
-except what the loop takes from the tokenizer and the rollout), which is how
-`jaxsocial/train/loop.py` maps `c.rl` onto these dataclasses under their own field names.
+`config_fields` lists the fields a run config may set (everything except what the loop takes
+from the tokenizer and the rollout); `jaxsocial.train.config` maps a run's `c.rl` block onto
+these classes under their own field names.
 """
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from ml_collections import config_dict
 KL_ESTIMATORS = ("k1", "k2", "k3")
 OLD_LOGPROBS = ("auto", "rollout", "rescore")
 LR_SCHEDULES = ("constant", "cosine")
+REWARD_NORMS = ("none", "running")
+KL_PER = ("token", "sequence")
+LOSS_AGGREGATIONS = ("token_mean", "seq_mean")
 
 # Set by the training loop from the tokenizer and `c.rollout`, not from `c.rl`.
 ROLLOUT_FIELDS = ("stop_token_ids", "temperature", "top_k", "top_p")
@@ -152,70 +156,82 @@ def config_fields(cls=OptimConfig, names=None) -> dict:
     return out
 
 
-# ----------------------------------------------------------------------------------------------
-# The run config's `rl` block (jaxsocial/train/defaults.py, loop._rl_config)
+@dataclasses.dataclass(frozen=True)
+class PPOConfig(OptimConfig):
+    """PPO knobs (TRL-style token-level PPO; defaults: docs/rl.md, "Defaults"). The optimizer,
+    update structure, surrogate, KL and sampling fields come from `OptimConfig`."""
 
-# Old `c.rl` names kept as aliases (ml_collections FieldReferences to the same value).
-ALIASES = {"lr": "learning_rate", "minibatches": "num_minibatches", "entropy_coef": "ent_coef"}
-# Set by the loop from elsewhere in the config, never from `c.rl`.
-LOOP_SET = {"stop_token_ids": "the tokenizer's stop tokens", "temperature": "rollout.temperature",
-            "top_k": "rollout.top_k", "top_p": "rollout.top_p",
-            "reward_norm": "reward.normalize"}
+    # value loss
+    value_clip: float = 0.2
+    vf_coef: float = 0.1
+    # advantages
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten_advantages: bool = True
+    whiten_rewards: bool = False
+    reward_norm: str = "none"            # "running": divide scores by a running std
+    reward_clip: Optional[float] = None  # clip (normalised) scores to [-c, c]
+    # KL in the reward: "token" = -kl_coef * kl_t on every token (a sequence pays its summed
+    # KL, so short answers pay less); "sequence" = one term -kl_coef * mean_t kl_t at the last
+    # token (every answer pays its mean per-token KL, whatever its length)
+    kl_per: str = "token"
+    # adaptive KL controller (Ziegler et al. 2019); it starts from kl_coef
+    adaptive_kl: bool = False
+    adaptive_kl_init: Optional[float] = None  # None: start from kl_coef (an explicit start)
+    kl_target: float = 6.0
+    kl_horizon: float = 10_000.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.reward_norm not in REWARD_NORMS:
+            raise ValueError(f"reward_norm={self.reward_norm!r}; choose one of {REWARD_NORMS}")
+        if self.kl_per not in KL_PER:
+            raise ValueError(f"kl_per={self.kl_per!r}; choose one of {KL_PER}")
+        if self.value_clip <= 0:
+            raise ValueError(f"value_clip must be > 0, got {self.value_clip}")
+        if not 0.0 <= self.lam <= 1.0 or not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
+        if self.adaptive_kl and self.kl_coef <= 0 and self.adaptive_kl_init is None:
+            raise ValueError(f"adaptive_kl starts from kl_coef, which must be > 0 "
+                             f"(a multiplicative controller cannot leave 0), got {self.kl_coef}")
+
+    @property
+    def initial_kl_coef(self) -> float:
+        if self.adaptive_kl and self.adaptive_kl_init is not None:
+            return self.adaptive_kl_init
+        return self.kl_coef
 
 
-def _algo_classes():
-    from jaxsocial.rl import grpo, ppo  # a real cycle: both import this module
-    return {"ppo": ppo.PPOConfig, "grpo": grpo.GRPOConfig}
+@dataclasses.dataclass(frozen=True)
+class GRPOConfig(OptimConfig):
+    """GRPO knobs (defaults: docs/rl.md, "Defaults"). The optimizer, update structure, surrogate, KL
+    and sampling fields come from `OptimConfig` (GRPO's own defaults below)."""
 
+    # shared fields with GRPO defaults (1 epoch: one gradient step per fresh batch, as TRL)
+    learning_rate: float = 1e-6
+    ppo_epochs: int = 1
+    kl_coef: float = 0.0                  # KL in the loss, not in the reward
+    kl_estimator: str = "k3"
+    temperature: float = 1.0
+    # GRPO's own
+    group_size: int = 8
+    loss_aggregation: str = "token_mean"  # "seq_mean": per-sequence mean, then batch mean
+    scale_rewards: bool = True            # False: Dr. GRPO (no division by the group std)
+    std_eps: float = 1e-4
+    std_ddof: int = 1                     # 1 = unbiased group std (torch.std, as TRL)
 
-def run_config_fields() -> dict:
-    """{name: default} of every PPOConfig / GRPOConfig field a run config sets under its own
-    name: the shared OptimConfig fields (PPO's defaults), then PPO's and GRPO's own."""
-    classes = _algo_classes()
-    out = config_fields(classes["ppo"], [n for n in base_field_names() if n not in LOOP_SET])
-    for cls in classes.values():
-        out.update(config_fields(cls, [n for n in specific_field_names(cls)
-                                       if n not in LOOP_SET]))
-    return out
+    def __post_init__(self):
+        super().__post_init__()
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2, got {self.group_size}")
+        if self.loss_aggregation not in LOSS_AGGREGATIONS:
+            raise ValueError(f"loss_aggregation={self.loss_aggregation!r}; choose one of "
+                             f"{LOSS_AGGREGATIONS}")
+        if self.std_ddof not in (0, 1):
+            raise ValueError(f"std_ddof must be 0 or 1, got {self.std_ddof}")
 
+    adaptive_kl = False
 
-def add_aliases(rl) -> None:
-    """Make `rl.lr`, `rl.minibatches`, `rl.entropy_coef` references to their fields (an
-    ml_collections ConfigDict: setting either name sets both)."""
-    for alias, name in ALIASES.items():
-        rl[alias] = rl.get_ref(name)
-
-
-def from_run_config(rl, *, loop_keys=(), **fixed):
-    """Build the PPOConfig / GRPOConfig of `rl["algo"]` from a run config's `rl` block.
-
-    rl: mapping with "algo" and any fields of `run_config_fields()` (or their ALIASES);
-    loop_keys: other keys the caller reads itself (value_mode, lora_rank, ...); fixed: values
-    the caller sets from elsewhere (stop_token_ids, temperature, ...; ignored when the class
-    lacks the field). Raises one ValueError naming every unknown key, or an alias that
-    disagrees with its field; the dataclass checks the values.
-    """
-    rl = dict(rl)
-    classes = _algo_classes()
-    algo = rl.get("algo", "ppo")
-    if algo not in classes:
-        raise ValueError(f"rl.algo={algo!r}; choose one of {sorted(classes)}")
-    fields = run_config_fields()
-    known = set(fields) | set(ALIASES) | set(loop_keys) | {"algo"}
-    unknown = sorted(set(rl) - known)
-    if unknown:
-        hints = [f"rl.{k} (set by {LOOP_SET[k]})" if k in LOOP_SET else f"rl.{k}"
-                 for k in unknown]
-        raise ValueError(f"unknown config key(s) {', '.join(hints)}; the rl block takes the "
-                         f"fields of PPOConfig / GRPOConfig under their own names (docs/rl.md)")
-    for alias, name in ALIASES.items():
-        if alias in rl and name in rl and rl[alias] != rl[name]:
-            raise ValueError(f"rl.{alias}={rl[alias]!r} disagrees with rl.{name}={rl[name]!r} "
-                             f"(rl.{alias} is an alias of rl.{name}: set one)")
-        if alias in rl and name not in rl:
-            rl[name] = rl[alias]
-    cls = classes[algo]
-    names = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {k: v for k, v in rl.items() if k in names}
-    kwargs.update({k: v for k, v in fixed.items() if k in names})
-    return cls(**kwargs)
+    @property
+    def initial_kl_coef(self) -> float:
+        return self.kl_coef
