@@ -17,10 +17,11 @@ from typing import Any, Dict, List, Tuple
 
 import ml_collections
 
+from jaxsocial.agents import actions
 from jaxsocial.rl.ppo import KL_PER
 from jaxsocial.rl.rewards import NON_POST_MODES, NORMALIZE_MODES
 from jaxsocial.social import activation, society, text_bank
-from jaxsocial.train import agent_actions, bounds, defaults, society_encoder
+from jaxsocial.train import bounds, defaults, society_encoder
 
 # Keys that may differ between a run and its resumption. Everything else (model, agents,
 # society, rollout, reward, rl, code, seed, tokenizer) changes shapes or semantics.
@@ -166,7 +167,7 @@ def check(config: ml_collections.ConfigDict) -> None:
          f"--config=configs/demo.py)")
     if "agents" in config and "actions" in config.agents:
         try:
-            comment_actions = agent_actions.needs_comments(config.agents.actions)
+            comment_actions = actions.needs_comments(config.agents.actions)
             need(not comment_actions or num("society.feed_comments", 0) >= 1,
                  f"agents.actions {list(comment_actions)} name a shown comment: set "
                  f"society.feed_comments >= 1")
