@@ -202,8 +202,8 @@ def test_prompt_len_bounds_the_built_template():
         s = c.society
         instruction = c.agents.instruction
         if c.agents.action_mode == "tool_call":
-            from jaxsocial.agents import actions as agent_actions
-            instruction = agent_actions.tool_instruction(c.agents.actions, s.feed_size)
+            from jaxsocial.agents import tool_calls
+            instruction = tool_calls.tool_instruction(c.agents.actions, s.feed_size)
         built = prompting.PromptTemplate.build(
             tok, list(c.agents.personas), instruction, c.agents.footer, s.feed_size,
             s.content_len, newest_comment=bool(c.agents.newest_comment),

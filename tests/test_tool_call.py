@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsocial.agents import actions as aa
+from jaxsocial.agents import tool_calls as aa
 from jaxsocial.models.tokenizer import tiny_tokenizer
 from jaxsocial.social.state import PAD_TOKEN
 

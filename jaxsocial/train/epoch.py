@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from jaxsocial.agents import actions, prompting
+from jaxsocial.agents import actions, prompting, tool_calls
 from jaxsocial.generation import grammar as grammar_lib
 from jaxsocial.generation.generate import generate_from_state
 from jaxsocial.rl import buffer as buffer_lib
@@ -71,7 +71,7 @@ class Rollout:
     mask: Array             # [T, B, N] bool
     action_type: Array      # [T, B] int32 parsed ActionType (MALFORMED if unparsable)
     parsed: Array           # [T, B] bool
-    failure: Array          # [T, B] int32 actions.FAIL_* (tool_call: by kind; else 0 / 1)
+    failure: Array          # [T, B] int32 tool_calls.FAIL_* (tool_call: by kind; else 0 / 1)
     reason: Array           # [T, B] int32 society Reason for the applied action
     created_id: Array       # [T, B] int32 post id created by the action, -1 if none
     target: Array           # [T, B] int32 target post / user id of the action, -1 if none
@@ -94,7 +94,7 @@ class EpochView:
     agent: Array           # [T, B] int32
     action_type: Array     # [T, B] int32
     parsed: Array          # [T, B] bool
-    failure: Array         # [T, B] int32 actions.FAIL_*
+    failure: Array         # [T, B] int32 tool_calls.FAIL_*
     reason: Array          # [T, B] int32
     created: Array         # [T, B] bool the action created a post / comment
     score: Array           # [T, B] float32 trajectory score
@@ -212,12 +212,12 @@ def make_epoch(run) -> EpochFns:
             out = generate_from_state(pdef.graphdef, weights, ids, mask, k_gen, sampling,
                                       grammar)
             if tool_call:
-                parsed, failure = actions.parse_tool_call(tools, out.tokens, out.mask,
-                                                          sp.content_len)
+                parsed, failure = tool_calls.parse_tool_call(tools, out.tokens, out.mask,
+                                                             sp.content_len)
             else:
                 parsed = actions.parse(vocab, out.tokens, out.mask, sp.content_len)
-                failure = jnp.where(parsed.parsed, actions.FAIL_OK,
-                                    actions.FAIL_NO_JSON).astype(jnp.int32)
+                failure = jnp.where(parsed.parsed, tool_calls.FAIL_OK,
+                                    tool_calls.FAIL_NO_JSON).astype(jnp.int32)
             emb = embed(embed_params, parsed.content)
             acts = actions.to_actions(parsed, agents, feed.ids, feed.valid,
                                       feed_authors, emb, view.comment_ids)
