@@ -90,7 +90,7 @@ def get_config(arg=None):
         c.train.epochs = 10
         c.train.checkpoint_every = 5
     elif arg == "tool_call":
-        # The answer is a JSON function call (agent_actions.parse_tool_call); the prompt lists
+        # The answer is a JSON function call (agents.tool_calls.parse_tool_call); the prompt lists
         # the tools. A call around 12 content tokens takes ~30 tokens.
         c.agents.action_mode = "tool_call"
         c.rollout.max_new_tokens = 40

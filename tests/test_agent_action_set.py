@@ -6,13 +6,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxsocial.agents import actions as agent_actions
+from jaxsocial.agents import prompting
 from jaxsocial.generation import grammar as grammar_lib
 from jaxsocial.models.tokenizer import tiny_tokenizer
-from jaxsocial.social import prompting, search, society
+from jaxsocial.social import search, society
 from jaxsocial.social.actions import ActionType as T
 from jaxsocial.social.actions import Reason, make_actions
 from jaxsocial.social.state import PAD_TOKEN, PostKind
-from jaxsocial.train import agent_actions, checks
+from jaxsocial.train import checks
 from jaxsocial.train import config as run_config
 
 K, C, L = 3, 2, 16

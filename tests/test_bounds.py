@@ -192,8 +192,8 @@ def test_the_launcher_refuses_before_the_workdir(ram, tmp_path, monkeypatch, cap
 
 def test_prompt_len_bounds_the_built_template():
     """`Shapes.prompt_len` >= `PromptTemplate.max_len` (and within two 64-token buckets)."""
+    from jaxsocial.agents import prompting
     from jaxsocial.models import tokenizer
-    from jaxsocial.social import prompting
 
     tok = tokenizer.tiny_tokenizer()
     cases = [smoke(), smoke(**{"agents.personas": (persona(2_213),)}),
@@ -203,8 +203,8 @@ def test_prompt_len_bounds_the_built_template():
         s = c.society
         instruction = c.agents.instruction
         if c.agents.action_mode == "tool_call":
-            from jaxsocial.train import agent_actions
-            instruction = agent_actions.tool_instruction(c.agents.actions, s.feed_size)
+            from jaxsocial.agents import tool_calls
+            instruction = tool_calls.tool_instruction(c.agents.actions, s.feed_size)
         built = prompting.PromptTemplate.build(
             tok, list(c.agents.personas), instruction, c.agents.footer, s.feed_size,
             s.content_len, newest_comment=bool(c.agents.newest_comment),

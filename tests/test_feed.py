@@ -7,8 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxsocial.agents import prompting
 from jaxsocial.models.tokenizer import tiny_tokenizer
-from jaxsocial.social import prompting, recsys, society
+from jaxsocial.social import recsys, society
 from jaxsocial.social.actions import ActionType as T
 from jaxsocial.social.actions import make_actions
 from jaxsocial.social.state import PAD_TOKEN, PostKind

@@ -5,12 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxsocial.agents import actions as agent_actions
+from jaxsocial.agents import prompting
 from jaxsocial.generation import grammar as grammar_lib
 from jaxsocial.models.tokenizer import tiny_tokenizer
-from jaxsocial.social import prompting
 from jaxsocial.social.actions import ActionType
 from jaxsocial.social.state import PAD_TOKEN
-from jaxsocial.train import agent_actions
 
 PERSONAS = ["You are Ada, an engineer.", "You are Bo, a cook who loves soup!"]
 INSTRUCTION = "Pick one action for your feed."

@@ -15,13 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxsocial.agents import actions as agent_actions
+from jaxsocial.agents import prompting
 from jaxsocial.models import checkpoint_hf
 from jaxsocial.models.tokenizer import LLAMA3_CHAT_TEMPLATE, llama32_tokenizer, tiny_tokenizer
-from jaxsocial.social import prompting, society
+from jaxsocial.social import society
 from jaxsocial.social.actions import ActionType as T
 from jaxsocial.social.actions import apply_actions, make_actions
 from jaxsocial.social.state import EMPTY, PAD_TOKEN, SocialParams, empty_state
-from jaxsocial.train import agent_actions
 
 PERSONAS = ["You are Ada, an engineer.", "You are Bo, a cook who loves soup!"]
 INSTRUCTION = "Pick one action for your feed."

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxsocial.agents import tool_calls as aa
 from jaxsocial.models.tokenizer import tiny_tokenizer
 from jaxsocial.social.state import PAD_TOKEN
-from jaxsocial.train import agent_actions as aa
 
 K, C, L = 3, 2, 16
 OK, NO_JSON, UNKNOWN, BAD = (aa.FAIL_OK, aa.FAIL_NO_JSON, aa.FAIL_UNKNOWN_ACTION,

@@ -386,7 +386,7 @@ def test_setup_refuses_a_run_that_cannot_fit_and_warns_near_the_limit(monkeypatc
         loop.SocialRL(c, mesh=mesh)
     assert "\n" not in str(e.value), e.value
     assert "more than this machine's 0.0 GiB of device memory" in str(e.value), e.value
-    # Between 90% and 100% of the memory: built, with a warning. (config_check's size bound is
+    # Between 90% and 100% of the memory: built, with a warning. (checks.check's size bound is
     # set aside here: this is SocialRL's whole-estimate check.)
     from jaxsocial.train import bounds
     est = memory.estimate  # the set-up's own estimate decides; pin the device just above it

@@ -162,8 +162,8 @@ def _personas(config) -> List[str]:
 
 def shapes(config, count: Optional[Callable[[str], int]] = None) -> Shapes:
     """The config's `Shapes` (token counts with `count`, default `token_counter(config)`)."""
-    from jaxsocial.social import prompting, text_bank
-    from jaxsocial.train import agent_actions
+    from jaxsocial.agents import prompting, tool_calls
+    from jaxsocial.social import text_bank
 
     count = count or token_counter(config)[0]
     s = config.society
@@ -175,7 +175,7 @@ def shapes(config, count: Optional[Callable[[str], int]] = None) -> Shapes:
     instruction = str(_get(config, "agents.instruction", "") or "")
     if _get(config, "agents.action_mode", "constrained") == "tool_call":
         instruction = str(_get(config, "agents.tool_instruction", "") or "") or \
-            agent_actions.tool_instruction(config.agents.actions, feed)
+            tool_calls.tool_instruction(config.agents.actions, feed)
     fixed = (CHAT_TEMPLATE_TOKENS + count(instruction + "\n")
              + count(str(_get(config, "agents.footer", "") or "")))
     # The longest displayed name: an agent's, or " user" + an id's 3-digit groups.

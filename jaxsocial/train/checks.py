@@ -12,10 +12,11 @@ from typing import List
 
 import ml_collections
 
+from jaxsocial.agents import actions
 from jaxsocial.rl.config import KL_PER
 from jaxsocial.rl.rewards import NON_POST_MODES, NORMALIZE_MODES
 from jaxsocial.social import activation, society, text_bank
-from jaxsocial.train import agent_actions, bounds, society_encoder
+from jaxsocial.train import bounds, society_encoder
 from jaxsocial.train import config as run_config
 
 _get = run_config.config_get
@@ -104,7 +105,7 @@ def check(config: ml_collections.ConfigDict) -> None:
          f"--config=configs/demo.py)")
     if "agents" in config and "actions" in config.agents:
         try:
-            comment_actions = agent_actions.needs_comments(config.agents.actions)
+            comment_actions = actions.needs_comments(config.agents.actions)
             need(not comment_actions or num("society.feed_comments", 0) >= 1,
                  f"agents.actions {list(comment_actions)} name a shown comment: set "
                  f"society.feed_comments >= 1")

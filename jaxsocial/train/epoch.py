@@ -33,16 +33,17 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from jaxsocial.agents import actions, prompting, tool_calls
 from jaxsocial.generation import grammar as grammar_lib
 from jaxsocial.generation.generate import generate_from_state
 from jaxsocial.rl import buffer as buffer_lib
 from jaxsocial.rl import policy as policy_lib
 from jaxsocial.rl import rewards as rewards_lib
 from jaxsocial.rl.state import TrainState
-from jaxsocial.social import activation, prompting, society
+from jaxsocial.social import activation, society
 from jaxsocial.social.actions import ActionType
 from jaxsocial.social.state import SocialState
-from jaxsocial.train import agent_actions, sharding, society_encoder
+from jaxsocial.train import sharding, society_encoder
 
 Array = jax.Array
 
@@ -70,7 +71,7 @@ class Rollout:
     mask: Array             # [T, B, N] bool
     action_type: Array      # [T, B] int32 parsed ActionType (MALFORMED if unparsable)
     parsed: Array           # [T, B] bool
-    failure: Array          # [T, B] int32 agent_actions.FAIL_* (tool_call: by kind; else 0 / 1)
+    failure: Array          # [T, B] int32 tool_calls.FAIL_* (tool_call: by kind; else 0 / 1)
     reason: Array           # [T, B] int32 society Reason for the applied action
     created_id: Array       # [T, B] int32 post id created by the action, -1 if none
     target: Array           # [T, B] int32 target post / user id of the action, -1 if none
@@ -93,7 +94,7 @@ class EpochView:
     agent: Array           # [T, B] int32
     action_type: Array     # [T, B] int32
     parsed: Array          # [T, B] bool
-    failure: Array         # [T, B] int32 agent_actions.FAIL_*
+    failure: Array         # [T, B] int32 tool_calls.FAIL_*
     reason: Array          # [T, B] int32
     created: Array         # [T, B] bool the action created a post / comment
     score: Array           # [T, B] float32 trajectory score
@@ -211,15 +212,15 @@ def make_epoch(run) -> EpochFns:
             out = generate_from_state(pdef.graphdef, weights, ids, mask, k_gen, sampling,
                                       grammar)
             if tool_call:
-                parsed, failure = agent_actions.parse_tool_call(tools, out.tokens, out.mask,
-                                                                sp.content_len)
+                parsed, failure = tool_calls.parse_tool_call(tools, out.tokens, out.mask,
+                                                             sp.content_len)
             else:
-                parsed = agent_actions.parse(vocab, out.tokens, out.mask, sp.content_len)
-                failure = jnp.where(parsed.parsed, agent_actions.FAIL_OK,
-                                    agent_actions.FAIL_NO_JSON).astype(jnp.int32)
+                parsed = actions.parse(vocab, out.tokens, out.mask, sp.content_len)
+                failure = jnp.where(parsed.parsed, tool_calls.FAIL_OK,
+                                    tool_calls.FAIL_NO_JSON).astype(jnp.int32)
             emb = embed(embed_params, parsed.content)
-            acts = agent_actions.to_actions(parsed, agents, feed.ids, feed.valid,
-                                            feed_authors, emb, view.comment_ids)
+            acts = actions.to_actions(parsed, agents, feed.ids, feed.valid,
+                                      feed_authors, emb, view.comment_ids)
             soc, info = society.step(k_step, soc, acts, sp)
             ys = dict(agent=agents, prompt_ids=ids, prompt_mask=mask, tokens=out.tokens,
                       logprobs=out.logprobs, mask=out.mask, action_type=parsed.type,

@@ -28,6 +28,7 @@ import numpy as np
 from flax import nnx
 
 from jaxsocial import models
+from jaxsocial.agents import actions, prompting, tool_calls
 from jaxsocial.generation.sampling import SamplingConfig
 from jaxsocial.models import checkpoint_hf, llama, zoo
 from jaxsocial.rl import grpo as grpo_lib
@@ -35,11 +36,10 @@ from jaxsocial.rl import lora as lora_lib
 from jaxsocial.rl import optim
 from jaxsocial.rl import policy as policy_lib
 from jaxsocial.rl import ppo as ppo_lib
-from jaxsocial.social import activation, prompting, society, text_bank
+from jaxsocial.social import activation, society, text_bank
 from jaxsocial.social.actions import ActionType
 from jaxsocial.social.state import normalize
 from jaxsocial.train import (
-    agent_actions,
     checks,
     code_problems,
     memory,
@@ -120,7 +120,7 @@ class SocialRL:
         personas = [c.agents.personas[i % len(c.agents.personas)] for i in range(a)]
         instruction = c.agents.instruction
         if self.tool_call:  # the tools and their arguments (agents.tool_instruction: own text)
-            instruction = (c.agents.get("tool_instruction", "") or agent_actions.tool_instruction(
+            instruction = (c.agents.get("tool_instruction", "") or tool_calls.tool_instruction(
                 c.agents.actions, self.social_params.feed_size))
         self.template = prompting.PromptTemplate.build(
             self.tokenizer, personas, instruction, c.agents.footer,
@@ -128,10 +128,10 @@ class SocialRL:
             names=[c.agents.names[i % len(c.agents.names)] for i in range(a)]
             if c.agents.names else None, newest_comment=bool(c.agents.newest_comment),
             num_users=self.social_params.num_users, feed_comments=self.social_params.feed_comments)
-        self.vocab = agent_actions.ActionVocab.build(self.tokenizer, c.agents.actions,
-                                                     self.social_params.feed_size, self.stop_ids,
-                                                     self.social_params.feed_comments)
-        self.tools = (agent_actions.ToolVocab.build(
+        self.vocab = actions.ActionVocab.build(self.tokenizer, c.agents.actions,
+                                               self.social_params.feed_size, self.stop_ids,
+                                               self.social_params.feed_comments)
+        self.tools = (tool_calls.ToolVocab.build(
             self.tokenizer, c.agents.actions, self.social_params.feed_size, model.config.vocab_size,
             self.social_params.feed_comments) if self.tool_call else None)
         n_new = int(c.rollout.max_new_tokens)
@@ -141,8 +141,8 @@ class SocialRL:
             raise ValueError(f"rollout.max_new_tokens={n_new} leaves no room for text after the "
                              f"longest action prefix ({longest_prefix} tokens) and a stop token")
         if self.tool_call:
-            agent_actions.check_tool_call_room(self.tokenizer, c.agents.actions,
-                                               self.social_params.feed_size, n_new)
+            tool_calls.check_tool_call_room(self.tokenizer, c.agents.actions,
+                                            self.social_params.feed_size, n_new)
         # Free text excludes special tokens only (id 0 is a real token, e.g. "!" in Llama-3).
         specials = sorted(set(self.tokenizer.added_tokens_decoder))
         self.grammar = (self.vocab.grammar(model.config.vocab_size, max_text, specials)
@@ -454,7 +454,7 @@ class SocialRL:
             "parse_failures": int((~parsed).sum()),
             # tool_call mode: no JSON / unknown action / bad argument
             **({"parse_failures_by_kind": {k: int((np.asarray(v.failure) == i).sum()) for i, k
-                                           in enumerate(agent_actions.FAILURE_KINDS) if i}}
+                                           in enumerate(tool_calls.FAILURE_KINDS) if i}}
                if self.tool_call else {}),
             "invalid_actions": int(((reason != 0) & parsed).sum()),
             "reward_mean": float(sc.mean()),
@@ -489,7 +489,7 @@ class SocialRL:
         if self.tool_call:  # the call's text argument (the host-side reference parser)
             c = self.config
             sp = self.social_params
-            texts = [agent_actions.parse_tool_call_text(
+            texts = [tool_calls.parse_tool_call_text(
                 t, c.agents.actions, sp.feed_size, sp.feed_comments)[3] or "" for t in texts]
         else:
             texts = [t.split(":", 1)[-1].strip() for t in texts]
