@@ -1,7 +1,7 @@
 """The one chat engine (`jaxsocial.agents.chat.ChatModel`) on the tiny random Llama and the
 committed tiny tokenizer: encode is the tokenizer's chat template left-padded, greedy `complete`
 is `jaxsocial.generation.generate` called directly, per-row caps and batch padding change no
-row."""
+row, and the tournament's agents and skill evolution hold one."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -119,3 +119,24 @@ def test_sampling_config_adds_stop_ids_sorted(chat):
     assert cfg.stop_token_ids == tuple(sorted(set(chat.stop_ids) | {7}))
     assert cfg.max_new_tokens == 5 and cfg.temperature == 0.5
     assert cfg.prompt_bucket == generation.SamplingConfig().prompt_bucket
+
+
+def test_the_agents_and_skill_engines_hold_one_chat_model(chat):
+    from jaxsocial.envs import llm_agent, skill_llm
+
+    agent = llm_agent.LLMAgent.from_chat(chat, llm_agent.LLMAgentConfig(temperature=0.0,
+                                                                        prompt_bucket=64))
+    assert agent.chat is chat and agent.model is chat.model
+    assert (agent.stop_ids, agent.eot, agent.pad) == (chat.stop_ids, chat.eot, chat.pad)
+    key = jax.random.key(0)
+    texts, lengths, truncated = agent.complete(["hi"], key, N)
+    want = chat.complete([chat_lib.messages("hi", llm_agent.SYSTEM_PROMPT)], key, N,
+                         temperature=0.0)
+    assert texts == want.texts and lengths.tolist() == want.lengths.tolist()
+    assert truncated.tolist() == [bool(not want.stopped[0] and want.lengths[0] >= N)]
+
+    llm = skill_llm.SkillLLM.from_chat(chat, skill_llm.RunConfig(prompt_bucket=64))
+    out, tok = llm.complete([("You are terse.", "hi"), ("", "x")], key, [N, 0],
+                            temperature=0.0)
+    assert out[0] == chat.complete(CONVS[:1], key, N, temperature=0.0).texts[0]
+    assert out[1] == "" and tok[1] == 0 and llm.calls == 1
