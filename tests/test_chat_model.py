@@ -1,7 +1,7 @@
 """The one chat engine (`jaxsocial.agents.chat.ChatModel`) on the tiny random Llama and the
 committed tiny tokenizer: encode is the tokenizer's chat template left-padded, greedy `complete`
 is `jaxsocial.generation.generate` called directly, per-row caps and batch padding change no
-row, and the tournament's agents and skill evolution hold one."""
+row, and the three engines (LLMAgent, SkillLLM, JaxSocialLM) hold one."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -140,3 +140,13 @@ def test_the_agents_and_skill_engines_hold_one_chat_model(chat):
                             temperature=0.0)
     assert out[0] == chat.complete(CONVS[:1], key, N, temperature=0.0).texts[0]
     assert out[1] == "" and tok[1] == 0 and llm.calls == 1
+
+
+def test_the_lm_eval_model_holds_one_too(chat):
+    pytest.importorskip("lm_eval")
+    from jaxsocial.eval import lm_eval_model
+
+    lm = lm_eval_model.JaxSocialLM(model=chat.model, tokenizer=chat.tokenizer, batch_size=2)
+    assert lm.chat.model is chat.model and lm.stop_token_ids == chat.stop_ids
+    ids = chat.token_ids("hello there")
+    assert lm.tok_decode(ids) == chat.decode(ids) == "hello there"
