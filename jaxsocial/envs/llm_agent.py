@@ -1,6 +1,7 @@
 """LLM agents in the social-learning tournament: prompt renderer, completion parser, rollout.
 
-Each round an LLM agent answers twice, both through `jaxsocial.generation.generate`:
+Each round an LLM agent answers twice, both through the chat engine
+(`jaxsocial.agents.chat.ChatModel`, batched `jaxsocial.generation` underneath):
 
 1. the learning decision: its prompt shows the round, the tokens left, its repertoire with
    estimates, and (social populations) the peers' last pulls; the completion is parsed into
@@ -26,11 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsocial import generation
+from jaxsocial.agents.chat import ChatModel, messages
 from jaxsocial.envs import social_learning as sl
 from jaxsocial.generation import grammar as g
-from jaxsocial.generation.sampling import SamplingConfig
-from jaxsocial.models import loading
 
 SYSTEM_PROMPT = (
     "You are an agent in a multi-armed bandit game played by a population of agents. "
@@ -222,49 +221,50 @@ _RESET_B = jax.jit(jax.vmap(sl.reset, in_axes=(0, None)), compiler_options=sl.FA
 
 
 class LLMAgent:
-    """Plays populations of LLM agents; one model for every agent of a population."""
+    """Plays populations of LLM agents; one model for every agent of a population.
+
+    The chat engine (loading, chat-template encoding, batched generation, decoding, stop ids)
+    is `self.chat`, a `jaxsocial.agents.chat.ChatModel`; what is the tournament's own is here:
+    the system prompt, the action grammars and the rollout."""
 
     def __init__(self, model, tokenizer, config: LLMAgentConfig = LLMAgentConfig()):
-        self.model = model
-        self.tokenizer = tokenizer
-        self.config = config
+        self._attach(ChatModel(model, tokenizer), config)
+
+    def _attach(self, chat: ChatModel, config: LLMAgentConfig) -> None:
+        self.chat, self.config = chat, config
+        self.model, self.tokenizer = chat.model, chat.tokenizer
         # The grammar ends an answer with the chat template's end-of-turn token; generation
         # stops on any stop id of the one loader's rule.
-        self.stop_ids, self.eot, self.pad = loading.chat_token_ids(tokenizer, model.config)
+        self.stop_ids, self.eot, self.pad = chat.stop_ids, chat.eot, chat.pad
         self._grammars = {}
+
+    @classmethod
+    def from_chat(cls, chat: ChatModel, config: LLMAgentConfig = LLMAgentConfig()) -> "LLMAgent":
+        """An agent over an already loaded `ChatModel`."""
+        agent = cls.__new__(cls)
+        agent._attach(chat, config)
+        return agent
 
     @classmethod
     def load(cls, checkpoint: str, config: LLMAgentConfig = LLMAgentConfig()) -> "LLMAgent":
         """checkpoint: a checkpoint path (HF directory or GGUF) or a preset name ("tiny": the
-        random tiny demo model), read by the one loader (`models.load`)."""
+        random tiny demo model), read by the one loader (`ChatModel.load`)."""
         if not checkpoint:
             raise ValueError("llm.checkpoint is empty: give a Llama checkpoint directory or 'tiny'")
-        model, tokenizer, _ = loading.load(checkpoint, dtype=config.dtype)
-        return cls(model, tokenizer, config)
+        return cls.from_chat(ChatModel.load(checkpoint, dtype=config.dtype), config)
 
     # ------------------------------------------------------------------ generation
     def encode(self, user_messages: Sequence[str]):
         """Chat-templated, left-padded prompts -> (ids [B, L] int32, mask [B, L] int32)."""
-        return loading.encode_chats(self.tokenizer, [
-            [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": msg}]
-            for msg in user_messages], self.pad)
+        return self.chat.encode([messages(msg, SYSTEM_PROMPT) for msg in user_messages])
 
     def complete(self, user_messages: Sequence[str], key, max_new_tokens: int, grammar=None):
         """-> (texts [B], lengths [B] int (tokens generated, stop included), truncated [B] bool)."""
-
         c = self.config
-        cfg = SamplingConfig(max_new_tokens=max_new_tokens, temperature=c.temperature,
-                             top_p=c.top_p, stop_token_ids=self.stop_ids,
-                             prompt_bucket=c.prompt_bucket)
-        ids, mask = self.encode(user_messages)
-        out = generation.generate(self.model, jnp.asarray(ids), jnp.asarray(mask), key, cfg,
-                                  grammar=grammar)
-        toks, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-        texts = [self.tokenizer.decode(toks[b, :lengths[b]].tolist(), skip_special_tokens=True)
-                 for b in range(len(user_messages))]
-        stopped = np.array([lengths[b] > 0 and toks[b, lengths[b] - 1] in self.stop_ids
-                            for b in range(len(user_messages))])
-        return texts, lengths.astype(np.int32), ~stopped & (lengths >= max_new_tokens)
+        out = self.chat.complete([messages(msg, SYSTEM_PROMPT) for msg in user_messages], key,
+                                 max_new_tokens, grammar=grammar, temperature=c.temperature,
+                                 top_p=c.top_p, prompt_bucket=c.prompt_bucket)
+        return out.texts, out.lengths, ~out.stopped & (out.lengths >= max_new_tokens)
 
     def grammars(self, params: sl.EnvParams, social: bool):
         if not self.config.grammar:

@@ -1,8 +1,8 @@
 """Skill evolution with a real LLM: prompts, the revise step, the LLM decider and the run loop.
 
-One `SkillLLM` (our batched generation engine, `jaxsocial.generation.generate`) plays every
-agent of a population. Per round (host loop over rounds; every generation is one batched call
-over the agents):
+One `SkillLLM` (the chat engine `jaxsocial.agents.chat.ChatModel` over our batched
+`jaxsocial.generation`) plays every agent of a population. Per round (host loop over rounds;
+every generation is one batched call over the agents):
 
 1. decide: rule deciders (`skill_evolution.Policy`) cost 0 tokens; the LLM decider is prompted
    with its own and its peers' recent scores and answers `LEARN: revise | LEARN: observe <j> |
@@ -33,13 +33,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsocial import generation
+from jaxsocial.agents.chat import ChatModel, messages
 from jaxsocial.envs import ifbench
 from jaxsocial.envs import metrics as slm
 from jaxsocial.envs import skill_evolution as se
 from jaxsocial.generation import grammar as g
-from jaxsocial.generation.sampling import SamplingConfig
-from jaxsocial.models import loading
 
 DECIDE_SYSTEM = (
     "You are one agent in a population of agents that each improve a skill: a system prompt "
@@ -118,26 +116,38 @@ class RunConfig:
 
 # ----------------------------------------------------------------------------- engine
 class SkillLLM:
-    """(system, user) chat prompts -> completions through `generation.generate`."""
+    """(system, user) chat prompts -> completions through the chat engine.
+
+    Loading, chat-template encoding, batched generation, decoding and stop ids are `self.chat`
+    (a `jaxsocial.agents.chat.ChatModel`); here: the run's sampling settings, the per-row caps
+    over live rows and the decision grammar."""
 
     def __init__(self, model, tokenizer, config: RunConfig):
-        self.model, self.tokenizer, self.config = model, tokenizer, config
-        self.stop_ids, self.eot, self.pad = loading.chat_token_ids(tokenizer, model.config)
+        self._attach(ChatModel(model, tokenizer), config)
+
+    def _attach(self, chat: ChatModel, config: RunConfig) -> None:
+        self.chat, self.config = chat, config
+        self.model, self.tokenizer = chat.model, chat.tokenizer
+        self.stop_ids, self.eot, self.pad = chat.stop_ids, chat.eot, chat.pad
         self._grammars = {}
         self.calls = 0
+
+    @classmethod
+    def from_chat(cls, chat: ChatModel, config: RunConfig) -> "SkillLLM":
+        """A SkillLLM over an already loaded `ChatModel`."""
+        llm = cls.__new__(cls)
+        llm._attach(chat, config)
+        return llm
 
     @classmethod
     def load(cls, checkpoint: str, config: RunConfig) -> "SkillLLM":
         if not checkpoint:
             raise ValueError("llm.checkpoint is empty: give a checkpoint path or 'tiny'")
-        model, tokenizer, _ = loading.load(checkpoint, dtype=config.dtype)
-        return cls(model, tokenizer, config)
+        return cls.from_chat(ChatModel.load(checkpoint, dtype=config.dtype), config)
 
     def encode(self, pairs: Sequence[tuple[str, str]]):
         """[(system, user)] -> left-padded (ids [B, L] int32, mask [B, L] int32)."""
-        return loading.encode_chats(self.tokenizer, [
-            ([{"role": "system", "content": system}] if system else [])
-            + [{"role": "user", "content": user}] for system, user in pairs], self.pad)
+        return self.chat.encode([messages(user, system) for system, user in pairs])
 
     def complete(self, pairs: Sequence[tuple[str, str]], key, caps: Sequence[int], grammar=None,
                  limit: int = 0, temperature: float | None = None):
@@ -151,23 +161,15 @@ class SkillLLM:
         texts, toks = [""] * len(pairs), np.zeros(len(pairs), np.int32)
         if not live:
             return texts, toks
-        rows = [pairs[b] for b in live]
-        size = 1 << (len(rows) - 1).bit_length()
-        rows = rows + [rows[0]] * (size - len(rows))
         c = self.config
-        cap = max(int(caps[live].max()), int(limit))
-        temp = c.temperature if temperature is None else temperature
-        cfg = SamplingConfig(max_new_tokens=cap, temperature=temp, top_p=c.top_p,
-                             stop_token_ids=self.stop_ids, prompt_bucket=c.prompt_bucket)
-        ids, mask = self.encode(rows)
-        out = generation.generate(self.model, jnp.asarray(ids), jnp.asarray(mask), key, cfg,
-                                  grammar=grammar)
+        out = self.chat.complete(
+            [messages(pairs[b][1], pairs[b][0]) for b in live], key,
+            max(int(caps[live].max()), int(limit)), caps=caps[live], grammar=grammar,
+            pad_batch=True, temperature=c.temperature if temperature is None else temperature,
+            top_p=c.top_p, prompt_bucket=c.prompt_bucket)
         self.calls += 1
-        out_t, lens = np.asarray(out.tokens), np.asarray(out.lengths)
         for r, b in enumerate(live):
-            n = int(min(lens[r], caps[b]))
-            toks[b] = n
-            texts[b] = self.tokenizer.decode(out_t[r, :n].tolist(), skip_special_tokens=True)
+            texts[b], toks[b] = out.texts[r], out.lengths[r]
         return texts, toks
 
     def decide_grammar(self, num_agents: int, social: bool):
@@ -175,14 +177,12 @@ class SkillLLM:
             return None
         k = (num_agents, social)
         if k not in self._grammars:
-            def enc(s):
-                return self.tokenizer.encode(s, add_special_tokens=False)
+            enc = self.chat.token_ids
             alts = [[g.Tokens(enc("LEARN: revise"))], [g.Tokens(enc("LEARN: skip"))]]
             if social:
                 alts.append([g.Tokens(enc("LEARN: observe ")),
                              g.OneOf(tuple(tuple(enc(str(j))) for j in range(num_agents)))])
-            self._grammars[k] = g.compile_grammar(alts, self.model.config.vocab_size,
-                                                  end_token_ids=[self.eot])
+            self._grammars[k] = self.chat.grammar(alts)
         return self._grammars[k]
 
 

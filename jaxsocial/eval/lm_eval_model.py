@@ -8,6 +8,11 @@
   batched by length (longest first) and left-padded to power-of-two lengths so few shapes compile.
 - `generate_until`: our batched `jaxsocial.generation.generate` (greedy unless the task asks for
   sampling); the stop strings (`until`) are applied here, since the harness does not truncate.
+
+Loading, stop ids, the engine call and decoding are the shared chat engine's
+(`jaxsocial.agents.chat.ChatModel`, `self.chat`); what is lm-eval's own stays here: raw-string
+requests encoded as lm-eval's HF backend does, static batches of `batch_size` rows at power-of-two
+lengths, teacher-forced scoring, stop strings.
 - `apply_chat_template` / `tokenizer_name`: the checkpoint tokenizer's chat template, so
   `--apply_chat_template` works.
 """
@@ -28,8 +33,8 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from jaxsocial.generation import SamplingConfig, generate_from_state
-from jaxsocial.models import checkpoint_hf, llama, loading
+from jaxsocial.agents.chat import ChatModel
+from jaxsocial.models import checkpoint_hf, llama
 
 
 def _bucket(n: int, minimum: int = 16) -> int:
@@ -101,8 +106,7 @@ class JaxSocialLM(TemplateLM):
                 raise ValueError("jaxsocial model needs checkpoint=DIR (or model= and tokenizer=)")
             if not os.path.isdir(checkpoint):
                 raise ValueError(f"checkpoint directory not found: {checkpoint!r}")
-            model, tokenizer, stop_ids = loading.load(checkpoint, dtype,
-                                                      tokenizer=tokenizer or tokenizer_path)
+            chat = ChatModel.load(checkpoint, dtype, tokenizer=tokenizer or tokenizer_path)
         else:
             if tokenizer is None:
                 if not (tokenizer_path or checkpoint):
@@ -110,10 +114,10 @@ class JaxSocialLM(TemplateLM):
                                      "(tokenizer= or tokenizer_path=)")
                 tokenizer = checkpoint_hf.load_tokenizer(tokenizer_path or checkpoint,
                                                          model=model)
-            stop_ids = loading.stop_token_ids(tokenizer, model.config)
-        self._stop_ids = stop_ids
-        self.model = model
-        self.tokenizer = tokenizer
+            chat = ChatModel(model, tokenizer)
+        self.chat = chat
+        model, tokenizer = chat.model, chat.tokenizer
+        self.model, self.tokenizer = model, tokenizer
         self.checkpoint = checkpoint
         self.batch_size = 8 if str(batch_size).startswith("auto") else int(batch_size)
         if self.batch_size < 1:
@@ -124,11 +128,9 @@ class JaxSocialLM(TemplateLM):
         self.add_bos_token = None if add_bos_token is None else _as_bool(add_bos_token)
         self.key = jax.random.key(int(seed))
         self._generate_fn = generate_fn
+        # lm-eval's own padding rule (the model config's pad id first), not the chat engine's
         self.pad_id = self._first_id(cfg.pad_token_id, tokenizer.pad_token_id, 0)
-        graphdef, state = nnx.split(model)
-        self._graphdef, self._state = graphdef, state
-
-        self._score = functools.partial(_score_tokens, graphdef)
+        self._score = functools.partial(_score_tokens, chat.graphdef)
 
     @staticmethod
     def _first_id(*ids) -> int:
@@ -149,7 +151,7 @@ class JaxSocialLM(TemplateLM):
     def stop_token_ids(self) -> tuple:
         """The one loader's rule (`loading.stop_token_ids`): tokenizer eos + the chat
         template's end-of-turn + the model config's eos ids."""
-        return self._stop_ids
+        return self.chat.stop_ids
 
     def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None,
                    left_truncate_len: Optional[int] = None, **kwargs) -> list:
@@ -170,7 +172,7 @@ class JaxSocialLM(TemplateLM):
         return ids
 
     def tok_decode(self, tokens) -> str:
-        return self.tokenizer.decode(list(tokens), skip_special_tokens=True)
+        return self.chat.decode(tokens)
 
     @property
     def tokenizer_name(self) -> str:
@@ -213,7 +215,7 @@ class JaxSocialLM(TemplateLM):
                 tgt[r, t - len(inp):] = targets
                 mask[r, t - len(inp):] = True
             mask[len(chunk):, -1] = True  # filler rows: one real token keeps softmax finite
-            tok, greedy = self._score(self._state, jnp.asarray(ids), jnp.asarray(mask),
+            tok, greedy = self._score(self.chat.state, jnp.asarray(ids), jnp.asarray(mask),
                                       jnp.asarray(tgt))
             tok, greedy = np.asarray(tok), np.asarray(greedy)
             for r, (i, _, _, n) in enumerate(chunk):
@@ -257,22 +259,21 @@ class JaxSocialLM(TemplateLM):
         temperature = float(kw.pop("temperature", 1.0 if do_sample else 0.0))
         if not do_sample:
             temperature = 0.0
-        stops = set(self.stop_token_ids)
+        stops = []
         for s in until:  # a stop string that is exactly one token can end decoding early
             ids = self.tokenizer(s, add_special_tokens=False)["input_ids"]
             if len(ids) == 1 and self.tokenizer.decode(ids) == s:
-                stops.add(int(ids[0]))
-        config = SamplingConfig(max_new_tokens=max_new, temperature=temperature,
-                                top_k=int(kw.pop("top_k", 0) or 0),
-                                top_p=float(kw.pop("top_p", 1.0) or 1.0),
-                                stop_token_ids=tuple(sorted(stops)))
+                stops.append(int(ids[0]))
+        config = self.chat.sampling(max_new, stops, temperature=temperature,
+                                    top_k=int(kw.pop("top_k", 0) or 0),
+                                    top_p=float(kw.pop("top_p", 1.0) or 1.0))
         return config, until
 
     def _generate(self):
         if self._generate_fn is None:
 
-            def engine(model, ids, mask, key, config):  # reuses our split: no re-split per call
-                return generate_from_state(self._graphdef, self._state, ids, mask, key, config)
+            def engine(model, ids, mask, key, config):  # the chat engine's split, made once
+                return self.chat.generate(ids, mask, key, config)
 
             self._generate_fn = engine
         return self._generate_fn

@@ -2,7 +2,7 @@
 formats.
 
 - `load(path_or_preset) -> (model, tokenizer, stop_ids)`: the one loader (`loading.py`), used
-  by the training loop, the tournament's LLM agents and the lm-eval model.
+  by the training loop and the chat engine (`jaxsocial.agents.chat.ChatModel`).
 - `llama`: the Flax NNX decoder (config with the families' switches, presets, forward, KV
   cache).
 - `checkpoint_hf`: Hugging Face I/O for every family: `from_pretrained` (safetensors

@@ -1,7 +1,8 @@
 """One way to load a policy: `load(path_or_preset) -> (model, tokenizer, stop_ids)`.
 
-Used by the training loop, the tournament's LLM agents and the lm-eval model, so all three read
-checkpoints, pick tokenizers and stop generation by the same rule:
+Used by the training loop and the chat engine (`jaxsocial.agents.chat.ChatModel`: the tournament's
+LLM agents, skill evolution and the lm-eval model), so all of them read checkpoints, pick
+tokenizers and stop generation by the same rule:
 
 - a path (a Hugging Face directory of any supported family: llama, mistral, qwen2, qwen3; a
   llama `.gguf` file or a directory holding one) is read by `checkpoint_hf.from_pretrained`,
