@@ -94,7 +94,7 @@ def profile(name: str, batch: int, prompt: int, new: int, repeats: int, top_k: i
     mask = jnp.ones((batch, prompt), bool)
     config = SamplingConfig(max_new_tokens=new, temperature=1.0, top_k=top_k, top_p=top_p,
                             stop_token_ids=())
-    prefill, decode = gen._programs(graphdef, prompt, batch, config, False, False)
+    prefill, decode = gen.PROGRAMS.get(graphdef, prompt, batch, config, False, False)
     cache, logits = prefill(state, ids, mask)
     jax.block_until_ready(logits)
     key = jax.random.key(1)

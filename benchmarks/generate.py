@@ -174,7 +174,7 @@ def run_row(name, spec, args, peaks) -> dict:
     # Decode alone: the compiled prefill of the same call, timed apart.
     graphdef, state = nnx.split(model)
     bucket = generate_module.bucket_length(prompt, sc.prompt_bucket)
-    prefill, _ = generate_module._programs(graphdef, bucket, batch, sc, False, False)
+    prefill, _ = generate_module.PROGRAMS.get(graphdef, bucket, batch, sc, False, False)
     pids = np.concatenate([np.full((batch, bucket - prompt), pad, np.int32), ids], 1)
     pmask = np.concatenate([np.zeros((batch, bucket - prompt), bool), mask], 1)
     jax.block_until_ready(prefill(state, pids, pmask))

@@ -35,7 +35,7 @@ gen = importlib.import_module("jaxsocial.generation.generate")
 def _prefill(cfg, batch, prompt, new, chunk):
     graphdef, state = nnx.split(llama.Llama(cfg, rngs=nnx.Rngs(0)))
     sc = SamplingConfig(max_new_tokens=new, prompt_bucket=prompt, prefill_chunk=chunk)
-    return gen._programs(graphdef, prompt, batch, sc, False, False)[0], state
+    return gen.PROGRAMS.get(graphdef, prompt, batch, sc, False, False)[0], state
 
 
 def time_prefill(preset, batch, prompt, new, chunk, repeats) -> float:

@@ -22,7 +22,7 @@ from jaxsocial.generation import (
     recompute_logprobs,
 )
 from jaxsocial.generation import grammar as gr
-from jaxsocial.generation.generate import _PROGRAMS, TRACE_COUNTS, _programs, bucket_length
+from jaxsocial.generation.generate import PROGRAMS, bucket_length
 from jaxsocial.generation.sampling import MAX_PREFILL_CHUNKS
 from jaxsocial.models import checkpoint_hf, llama
 
@@ -174,7 +174,7 @@ def test_decode_buckets_grow_the_cache_and_keep_the_tokens(models, sampled, monk
     bucketed = dataclasses.replace(SAMPLED, decode_buckets=3)
     assert bucketed.decode_segments() == (4, 7, 10)
     graphdef, state = nnx.split(ours)
-    prefill, _ = _programs(graphdef, 16, ids.shape[0], bucketed, False, False)
+    prefill, _ = PROGRAMS.get(graphdef, 16, ids.shape[0], bucketed, False, False)
     cache, _ = jax.eval_shape(prefill, state, jnp.pad(ids, ((0, 0), (2, 0))),
                               jnp.pad(mask, ((0, 0), (2, 0))))
     assert cache.mask.shape == (ids.shape[0], 16 + 4)
@@ -191,14 +191,14 @@ def test_decode_buckets_grow_the_cache_and_keep_the_tokens(models, sampled, monk
     grow = llama.KVCache.grow
     monkeypatch.setattr(llama.KVCache, "grow",
                         lambda c, n: grow(c.replace(mask=jnp.zeros_like(c.mask)), n))
-    compiled = dict(_PROGRAMS)
-    _PROGRAMS.clear()  # retrace with the broken grow, then put the good programs back
+    compiled = dict(PROGRAMS.compiled)
+    PROGRAMS.clear()  # retrace with the broken grow, then put the good programs back
     try:
         broken = generate(ours, ids, mask, jax.random.key(6), bucketed)
         assert not np.array_equal(np.asarray(broken.tokens), np.asarray(one.tokens))
     finally:
-        _PROGRAMS.clear()
-        _PROGRAMS.update(compiled)
+        PROGRAMS.clear()
+        PROGRAMS.compiled.update(compiled)
 
 
 @pytest.mark.parametrize("stacked", [False, True])
@@ -306,16 +306,16 @@ def test_grammar_outputs_accepted_and_logprobs_exact(models):
 def test_no_recompilation_within_a_bucket(models, sampled):
     ours, _ = models
     ids0, _, _ = sampled  # the fixture compiled (bucket 16, batch 6, SAMPLED, hidden)
-    before = dict(TRACE_COUNTS)
+    before = dict(PROGRAMS.trace_counts)
     ids, mask = left_padded([9, 13, 2, 5, 11, 7], 13, seed=4)  # another batch, same bucket
     assert ids.shape[1] != ids0.shape[1] and bucket_length(13, 16) == 16
     out = generate(ours, ids, mask, jax.random.key(1), SAMPLED, return_hidden=True)
     jax.block_until_ready(out.tokens)
-    assert dict(TRACE_COUNTS) == before
+    assert dict(PROGRAMS.trace_counts) == before
     ids, mask = left_padded([20, 3, 5, 7, 9, 11], 20, seed=5)  # next bucket (32): new programs
     generate(ours, ids, mask, jax.random.key(2), SAMPLED, return_hidden=True)
-    assert TRACE_COUNTS["prefill"] == before["prefill"] + 1
-    assert TRACE_COUNTS["decode"] == before["decode"] + 1
+    assert PROGRAMS.trace_counts["prefill"] == before["prefill"] + 1
+    assert PROGRAMS.trace_counts["decode"] == before["decode"] + 1
 
 
 def test_kv_cache_allocated_once_at_bucket_plus_new_in_compute_dtype(models, tmp_path):
@@ -324,7 +324,7 @@ def test_kv_cache_allocated_once_at_bucket_plus_new_in_compute_dtype(models, tmp
     bf16 = checkpoint_hf.from_pretrained(tmp_path, dtype="bfloat16")
     config = SamplingConfig(max_new_tokens=7, prompt_bucket=16)
     graphdef, state = nnx.split(bf16)
-    prefill, _ = _programs(graphdef, 16, 3, config, False, False)
+    prefill, _ = PROGRAMS.get(graphdef, 16, 3, config, False, False)
     ids, mask = left_padded([5, 9, 16], 16, seed=6)
     cache, logits = jax.eval_shape(prefill, state, ids, mask)
     c = bf16.config
@@ -346,7 +346,7 @@ def test_prompt_group_prefills_each_shared_prompt_once(models):
     flops = []
     graphdef, state = nnx.split(ours)
     for config in (greedy, grouped):
-        prefill, _ = _programs(graphdef, 16, 12, config, False, False)
+        prefill, _ = PROGRAMS.get(graphdef, 16, 12, config, False, False)
         pids = np.pad(ids, ((0, 0), (5, 0)))
         pmask = np.pad(mask, ((0, 0), (5, 0)))
         cache, _ = jax.eval_shape(prefill, state, pids, pmask)

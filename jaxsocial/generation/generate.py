@@ -22,8 +22,9 @@ log-probs are those of the sampling distribution (`sampling.token_logprobs`), so
 `scoring.recompute_logprobs` (one full forward over prompt + response with the same grammar
 masks, the path training uses) reproduces them: the PPO ratio of a fresh batch is 1.
 
-Compiled programs are cached per (graphdef, prompt bucket, batch, config, return_hidden,
-grammar or not); `TRACE_COUNTS` counts traces so tests can prove a call did not recompile.
+Compiled programs are held by a `ProgramCache` (`PROGRAMS`, the process's own), keyed by
+(graphdef, prompt bucket, batch, config, return_hidden, grammar or not); its `trace_counts`
+count traces so tests can prove a call did not recompile.
 """
 
 from __future__ import annotations
@@ -43,11 +44,6 @@ from jaxsocial.generation.sampling import SamplingConfig
 from jaxsocial.models import llama
 
 Array = jax.Array
-
-# How many times each program was traced (incremented at trace time only).
-TRACE_COUNTS: collections.Counter = collections.Counter()
-_PROGRAMS: dict = {}
-
 
 @flax.struct.dataclass
 class GenerationOutput:
@@ -71,32 +67,53 @@ def bucket_length(length: int, bucket: int) -> int:
     return 1 << (length - 1).bit_length()
 
 
-def clear_cache() -> None:
-    """Drop every compiled generate program (e.g. after changing the model architecture)."""
-    _PROGRAMS.clear()
-
-
 def _pad_id(cfg: llama.LlamaConfig) -> int:
     return 0 if cfg.pad_token_id is None else int(cfg.pad_token_id)
 
 
-def _programs(graphdef, bucket: int, batch: int, config: SamplingConfig, return_hidden: bool,
-              has_grammar: bool):
-    key = (graphdef, bucket, batch, config, return_hidden, has_grammar)
-    if key not in _PROGRAMS:
-        _PROGRAMS[key] = _build(graphdef, bucket, config, return_hidden, has_grammar)
-    return _PROGRAMS[key]
+class ProgramCache:
+    """The jitted (prefill, decode) programs of `generate`, and each graphdef's LlamaConfig.
+
+    `get(graphdef, bucket, batch, config, return_hidden, has_grammar) -> (prefill, decode)`
+    builds a pair once per key; `trace_counts` ("prefill", "decode") grow at trace time only;
+    `config_of(graphdef, state)` merges a split model once to read its config; `clear()` drops
+    the programs (e.g. after changing the model architecture).
+    """
+
+    def __init__(self):
+        self.compiled: dict = {}
+        self.configs: dict = {}
+        self.trace_counts: collections.Counter = collections.Counter()
+
+    def get(self, graphdef, bucket: int, batch: int, config: SamplingConfig,
+            return_hidden: bool, has_grammar: bool):
+        key = (graphdef, bucket, batch, config, return_hidden, has_grammar)
+        if key not in self.compiled:
+            self.compiled[key] = _build(graphdef, bucket, config, return_hidden, has_grammar,
+                                        self.trace_counts)
+        return self.compiled[key]
+
+    def config_of(self, graphdef, state) -> llama.LlamaConfig:
+        if graphdef not in self.configs:
+            self.configs[graphdef] = nnx.merge(graphdef, state).config
+        return self.configs[graphdef]
+
+    def clear(self) -> None:
+        self.compiled.clear()
+
+
+PROGRAMS = ProgramCache()
 
 
 def _build(graphdef, bucket: int, config: SamplingConfig, return_hidden: bool,
-           has_grammar: bool):
+           has_grammar: bool, trace_counts: collections.Counter):
     n = config.max_new_tokens
     # numpy, not jnp: no tracer when this is built inside a trace
     stops = np.asarray(config.stop_token_ids or (-1,), np.int32)
     segments = config.decode_segments()
 
     def prefill(state, input_ids, attention_mask):
-        TRACE_COUNTS["prefill"] += 1
+        trace_counts["prefill"] += 1
         model = nnx.merge(graphdef, state)
         cfg = model.config
         g = max(config.prompt_group, 1)
@@ -117,7 +134,7 @@ def _build(graphdef, bucket: int, config: SamplingConfig, return_hidden: bool,
         return cache, logits
 
     def decode(state, cache, logits, key, grammar):
-        TRACE_COUNTS["decode"] += 1
+        trace_counts["decode"] += 1
         model = nnx.merge(graphdef, state)
         cfg = model.config
         b, v = logits.shape
@@ -229,7 +246,7 @@ def generate_from_state(graphdef, state, input_ids: Array, attention_mask: Array
                         config: SamplingConfig, grammar: Optional[grammar_lib.Grammar] = None,
                         return_hidden: bool = False) -> GenerationOutput:
     """`generate` for a model already split with `nnx.split` (the training loop holds params)."""
-    cfg = graphdef_config(graphdef, state)
+    cfg = PROGRAMS.config_of(graphdef, state)
     _validate(cfg, input_ids, attention_mask, config, grammar)
     b, t = input_ids.shape
     bucket = bucket_length(t, config.prompt_bucket)
@@ -238,20 +255,11 @@ def generate_from_state(graphdef, state, input_ids: Array, attention_mask: Array
     if bucket > t:
         ids = jnp.pad(ids, ((0, 0), (bucket - t, 0)), constant_values=_pad_id(cfg))
         mask = jnp.pad(mask, ((0, 0), (bucket - t, 0)))
-    prefill, decode = _programs(graphdef, bucket, b, config, return_hidden, grammar is not None)
+    prefill, decode = PROGRAMS.get(graphdef, bucket, b, config, return_hidden,
+                                   grammar is not None)
     cache, logits = prefill(state, ids, mask)
     _, out = decode(state, cache, logits, key, grammar)
     return out
-
-
-def graphdef_config(graphdef, state) -> llama.LlamaConfig:
-    """The LlamaConfig of a split model (merged once per graphdef, then cached)."""
-    if graphdef not in _CONFIGS:
-        _CONFIGS[graphdef] = nnx.merge(graphdef, state).config
-    return _CONFIGS[graphdef]
-
-
-_CONFIGS: dict = {}
 
 
 def generate(model: llama.Llama, input_ids: Array, attention_mask: Array, key: Array,
@@ -267,6 +275,6 @@ def generate(model: llama.Llama, input_ids: Array, attention_mask: Array, key: A
     if not isinstance(model, llama.Llama):
         raise ValueError(f"model must be a jaxsocial Llama, got {type(model).__name__}")
     graphdef, state = nnx.split(model)
-    _CONFIGS[graphdef] = model.config
+    PROGRAMS.configs[graphdef] = model.config
     return generate_from_state(graphdef, state, input_ids, attention_mask, key, config,
                                grammar, return_hidden)
