@@ -492,6 +492,29 @@ class DecoderLayer(nnx.Module):
 _MASK_VALUE = float(jnp.finfo(jnp.float32).min)
 
 
+def _positions(start: Array, mask: Array) -> Array:
+    """[B, T] int32 RoPE positions of the real tokens, continuing from `start` [B] (the
+    tokens already in a cache); left padding sits at position 0."""
+    return jnp.maximum(start[:, None] + jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 0)
+
+
+def _no_cache(k: Array, v: Array):
+    """A layer's keys and values as computed (no cache to write them to)."""
+    return k, v
+
+
+def _cache_writer(store: dict, layer: int, index):
+    """A layer's kv_fn that writes its new keys / values into `store` ({"k", "v"}: per-layer
+    [B, S, K, D] buffers) at slot `index` and returns the whole buffers."""
+    def kv_fn(k, v):
+        for name, new in (("k", k), ("v", v)):
+            buf = store[name][layer]
+            store[name][layer] = jax.lax.dynamic_update_slice(
+                buf, new.astype(buf.dtype), (0, index, 0, 0))
+        return store["k"][layer], store["v"][layer]
+    return kv_fn
+
+
 class Llama(nnx.Module):
     """The causal LM of every supported family (Llama-3, Qwen2/2.5, Qwen3, Mistral; see
     LlamaConfig's switches). `model(ids, attention_mask=mask)` -> logits [B, T, V] float32;
@@ -535,97 +558,112 @@ class Llama(nnx.Module):
         Sliding-window layers attend to the last `sliding_window` slots only (the cache still
         keeps every slot).
         """
-        cfg = self.config
         chex.assert_rank(input_ids, 2)
-        b, t = input_ids.shape
         if attention_mask is None:
-            attention_mask = jnp.ones((b, t), bool)
+            attention_mask = jnp.ones(input_ids.shape, bool)
         chex.assert_equal_shape([input_ids, attention_mask])
         mask = attention_mask.astype(bool)
-        dt = as_dtype(cfg.dtype)
-        start = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
-        positions = jnp.maximum(start[:, None] + jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 0)
-        inv_freq = rope_inv_freq(cfg)
-
         if cache is None:
             if kv_limit is not None:
                 raise ValueError("kv_limit needs a cache (it bounds the cache slots attended)")
-            q_slot = kv_slot = jnp.arange(t)
-            allowed = (kv_slot[None, :] <= q_slot[:, None])[None] & mask[:, None, :]
-            kv_fns = [lambda k, v: (k, v)] * cfg.num_hidden_layers
-            new_cache = None
+            return self._forward_full(input_ids, mask)
+        return self._forward_cached(input_ids, mask, cache, kv_limit)
+
+    def _forward_full(self, input_ids: Array, mask: Array) -> LlamaOutput:
+        """No cache: causal attention over the T tokens [B, T]; the layers unrolled, each
+        recomputed in the backward pass (config.remat), or scanned (config.scan_layers)."""
+        cfg = self.config
+        b, t = input_ids.shape
+        positions = _positions(jnp.zeros((b,), jnp.int32), mask)
+        inv_freq = rope_inv_freq(cfg)
+        q_slot = kv_slot = jnp.arange(t)
+        allowed = (kv_slot[None, :] <= q_slot[:, None])[None] & mask[:, None, :]
+        biases = self._window_biases(allowed, q_slot, kv_slot)
+        x = self._embed(input_ids)
+        if cfg.scan_layers:
+            x, _ = self._scan_layers(x, positions, inv_freq, biases, None)
+        elif cfg.remat:
+            def run_layer(layer, x, positions, bias):
+                return layer(x, positions, inv_freq, bias, _no_cache, cfg.attention_chunk)
+            run_layer = nnx.remat(run_layer)
+            for layer, window in zip(self.layers, cfg.layer_windows):
+                x = run_layer(layer, x, positions, biases[window])
         else:
-            s = cache.mask.shape[1]
-            if len(cache.k) != cfg.num_hidden_layers:
-                raise ValueError(f"cache has {len(cache.k)} layers, model has "
-                                 f"{cfg.num_hidden_layers}")
-            one = (b, s, cfg.num_key_value_heads, cfg.head_dim)
+            for layer, window in zip(self.layers, cfg.layer_windows):
+                x = layer(x, positions, inv_freq, biases[window], _no_cache, cfg.attention_chunk)
+        hidden = self.norm(x)
+        return LlamaOutput(logits=self.unembed(hidden), hidden=hidden, cache=None)
+
+    def _forward_cached(self, input_ids: Array, mask: Array, cache: KVCache,
+                        kv_limit: Optional[int]) -> LlamaOutput:
+        """With a cache: the T tokens [B, T] are written at slots [index, index + T) and attend
+        to the earlier real slots below `kv_limit`; returns the updated cache in the layout it
+        came in (a per-layer tuple, or stacked [L, ...] arrays)."""
+        cfg = self.config
+        b, t = input_ids.shape
+        s = cache.mask.shape[1]
+        if len(cache.k) != cfg.num_hidden_layers:
+            raise ValueError(f"cache has {len(cache.k)} layers, model has "
+                             f"{cfg.num_hidden_layers}")
+        one = (b, s, cfg.num_key_value_heads, cfg.head_dim)
+        if isinstance(cache.k, tuple):
+            chex.assert_shape(list(cache.k) + list(cache.v), one)
+        else:
+            chex.assert_shape([cache.k, cache.v], (cfg.num_hidden_layers,) + one)
+        idx = cache.index
+        if not isinstance(idx, jax.core.Tracer) and int(idx) + t > s:
+            # Under jit this cannot be checked; dynamic_update_slice would clamp the write
+            # position and silently overwrite earlier slots.
+            raise ValueError(f"KV cache overflow: {int(idx)} slots used + {t} new tokens > "
+                             f"max_len {s}")
+        live = s if kv_limit is None else int(kv_limit)
+        if not 0 < live <= s:
+            raise ValueError(f"kv_limit must be in [1, {s}] (the cache's slots), got "
+                             f"{kv_limit}")
+        if not isinstance(idx, jax.core.Tracer) and int(idx) + t > live:
+            raise ValueError(f"kv_limit {live} < {int(idx)} slots used + {t} new tokens")
+        positions = _positions(cache.lengths, mask)
+        inv_freq = rope_inv_freq(cfg)
+        slot_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, idx))
+        # Attention sees slots [0, live): the bias's last axis sets how many keys each
+        # layer reads (Attention slices the cache to it).
+        q_slot, kv_slot = idx + jnp.arange(t), jnp.arange(live)
+        allowed = (kv_slot[None, :] <= q_slot[:, None])[None] & slot_mask[:, None, :live]
+        biases = self._window_biases(allowed, q_slot, kv_slot)
+        x = self._embed(input_ids)
+        if cfg.scan_layers:
+            x, store = self._scan_layers(x, positions, inv_freq, biases, cache)
+        else:
+            store = {"k": list(cache.k), "v": list(cache.v)}
+            for i, (layer, window) in enumerate(zip(self.layers, cfg.layer_windows)):
+                x = layer(x, positions, inv_freq, biases[window], _cache_writer(store, i, idx),
+                          cfg.attention_chunk)
+        hidden = self.norm(x)
+
+        def as_in(kv):  # the layout the cache came in: per-layer tuple or stacked array
             if isinstance(cache.k, tuple):
-                chex.assert_shape(list(cache.k) + list(cache.v), one)
-            else:
-                chex.assert_shape([cache.k, cache.v], (cfg.num_hidden_layers,) + one)
-            idx = cache.index
-            if not isinstance(idx, jax.core.Tracer) and int(idx) + t > s:
-                # Under jit this cannot be checked; dynamic_update_slice would clamp the write
-                # position and silently overwrite earlier slots.
-                raise ValueError(f"KV cache overflow: {int(idx)} slots used + {t} new tokens > "
-                                 f"max_len {s}")
-            live = s if kv_limit is None else int(kv_limit)
-            if not 0 < live <= s:
-                raise ValueError(f"kv_limit must be in [1, {s}] (the cache's slots), got "
-                                 f"{kv_limit}")
-            if not isinstance(idx, jax.core.Tracer) and int(idx) + t > live:
-                raise ValueError(f"kv_limit {live} < {int(idx)} slots used + {t} new tokens")
-            slot_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, idx))
-            # Attention sees slots [0, live): the bias's last axis sets how many keys each
-            # layer reads (Attention slices the cache to it).
-            q_slot, kv_slot = idx + jnp.arange(t), jnp.arange(live)
-            allowed = (kv_slot[None, :] <= q_slot[:, None])[None] & slot_mask[:, None, :live]
-            store = {"k": list(cache.k), "v": list(cache.v)} if not cfg.scan_layers else {}
+                return tuple(kv)
+            return kv if cfg.scan_layers else jnp.stack(kv)
+        new_cache = KVCache(k=as_in(store["k"]), v=as_in(store["v"]), mask=slot_mask,
+                            index=idx + t,
+                            lengths=cache.lengths + mask.sum(axis=1, dtype=jnp.int32))
+        return LlamaOutput(logits=self.unembed(hidden), hidden=hidden, cache=new_cache)
 
-            def make_kv_fn(layer):
-                def kv_fn(k, v):
-                    for name, new in (("k", k), ("v", v)):
-                        buf = store[name][layer]
-                        store[name][layer] = jax.lax.dynamic_update_slice(
-                            buf, new.astype(buf.dtype), (0, idx, 0, 0))
-                    return store["k"][layer], store["v"][layer]
-                return kv_fn
-
-            kv_fns = [make_kv_fn(i) for i in range(cfg.num_hidden_layers)]
-        # One additive bias [B, T, S] per distinct window. A sliding window counts cache slots
-        # (transformers' cache positions: kv_slot > q_slot - window), not token positions.
+    def _window_biases(self, allowed: Array, q_slot: Array, kv_slot: Array) -> dict:
+        """{window: additive bias [B, T, S] float32}, one per distinct sliding window of the
+        layers. A sliding window counts cache slots (transformers' cache positions: kv_slot >
+        q_slot - window), not token positions."""
         biases = {}
-        for window in dict.fromkeys(cfg.layer_windows):
+        for window in dict.fromkeys(self.config.layer_windows):
             ok = allowed
             if window is not None:
                 ok = ok & (kv_slot[None, :] > q_slot[:, None] - window)[None]
             biases[window] = jnp.where(ok, 0.0, _MASK_VALUE).astype(jnp.float32)
-        layer_biases = [biases[w] for w in cfg.layer_windows]
+        return biases
 
+    def _embed(self, input_ids: Array) -> Array:
         # Gather, then cast: casting the whole [V, H] table every call costs V*H per step.
-        x = self.embed_tokens[...][input_ids].astype(dt)
-        if cfg.scan_layers:
-            x, store = self._scan_layers(x, positions, inv_freq, biases, cache)
-        elif cfg.remat and cache is None:
-            def run_layer(layer, x, positions, bias):
-                return layer(x, positions, inv_freq, bias, kv_fns[0], cfg.attention_chunk)
-            run_layer = nnx.remat(run_layer)
-            for layer, bias in zip(self.layers, layer_biases):
-                x = run_layer(layer, x, positions, bias)
-        else:
-            for layer, kv_fn, bias in zip(self.layers, kv_fns, layer_biases):
-                x = layer(x, positions, inv_freq, bias, kv_fn, cfg.attention_chunk)
-        hidden = self.norm(x)
-        if cache is not None:
-            def as_in(kv):  # the layout the cache came in: per-layer tuple or stacked array
-                if isinstance(cache.k, tuple):
-                    return tuple(kv)
-                return kv if cfg.scan_layers else jnp.stack(kv)
-            new_cache = KVCache(k=as_in(store["k"]), v=as_in(store["v"]), mask=slot_mask,
-                                index=idx + t,
-                                lengths=cache.lengths + mask.sum(axis=1, dtype=jnp.int32))
-        return LlamaOutput(logits=self.unembed(hidden), hidden=hidden, cache=new_cache)
+        return self.embed_tokens[...][input_ids].astype(as_dtype(self.config.dtype))
 
     def _scan_layers(self, x, positions, inv_freq, biases, cache):
         """The decoder layers as one `lax.scan` over their weights stacked along a new leading
