@@ -16,9 +16,10 @@ nothing mutable:
   society steps (`society.step` reports each tick's engagement and follower deltas), then
   `reward.horizon - 1` crowd-only "settle" ticks let every post of the epoch see its full
   horizon;
-- `scores(Rollout) -> (score [T, B], engagement [T, B, E])`: the social reward;
-- `score(train, Rollout, bonus, grammar) -> (Trajectory, score, engagement, logprob_gap)`: the
-  scoring pass (policy and reference log-probs, values) over the epoch's trajectories;
+- `social_reward(Rollout) -> (score [T, B], engagement [T, B, E])`: the social reward;
+- `score_batch(train, Rollout, bonus, grammar) -> (Trajectory, score, engagement,
+  logprob_gap)`: the scoring pass (policy and reference log-probs, values) over the epoch's
+  trajectories;
 - `update(train, Trajectory, grammar) -> (train, metrics)`: PPO or GRPO (`rl.ppo` / `rl.grpo`);
 - `view(Rollout, score, engagement, gap) -> EpochView`: what metrics and samples read;
 - `epoch(RunState, grammar, encoder) -> (RunState, update metrics, EpochView)`: all of the
@@ -115,8 +116,8 @@ class EpochFns(NamedTuple):
 
     embed: Callable
     rollout: Callable
-    scores: Callable
-    score: Callable
+    social_reward: Callable
+    score_batch: Callable
     update: Callable
     view: Callable
     epoch: Callable
@@ -245,7 +246,7 @@ def make_epoch(run) -> EpochFns:
         return soc, Rollout(**ys, deltas=deltas, slot_ids=slot_ids,
                             follower_delta=follower_delta, crowd_posts=crowd_posts)
 
-    def scores(ro: Rollout):
+    def social_reward(ro: Rollout):
         """Per-trajectory score [T, B] and per-post engagement [T, B, E] (0 where no post)."""
         t, b = ro.created_id.shape
         created = ro.created_id.reshape(-1)
@@ -263,13 +264,13 @@ def make_epoch(run) -> EpochFns:
         else:
             # "mean": actions that create nothing earn the epoch's mean post score, so posting
             # pays only when the post beats the average. "skip" scores them the same way (for
-            # GRPO's group statistics) and leaves them out of the update (`score`).
+            # GRPO's group statistics) and leaves them out of the update (`score_batch`).
             base = jnp.sum(jnp.where(made, score, 0.0)) / jnp.maximum(jnp.sum(made), 1)
         score = jnp.where(made, score, base)
         return score.reshape(t, b), eng.reshape(t, b, -1)
 
-    def score(train: TrainState, ro: Rollout, bonus: Array, grammar=None):
-        s, eng = scores(ro)
+    def score_batch(train: TrainState, ro: Rollout, bonus: Array, grammar=None):
+        s, eng = social_reward(ro)
         s = s + bonus
         s_n = rewards_lib.normalize_scores(s.reshape(-1), normalize)
         flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
@@ -326,12 +327,12 @@ def make_epoch(run) -> EpochFns:
         soc, ro = rollout(state.train.params, state.train.ref_params, state.society, k_roll,
                           grammar=grammar, encoder=encoder)
         no_bonus = jnp.zeros(ro.created_id.shape, jnp.float32)
-        batch, s, eng, gap = score(state.train, ro, no_bonus, grammar=grammar)
+        batch, s, eng, gap = score_batch(state.train, ro, no_bonus, grammar=grammar)
         batch = rows_on_data_axes(batch, mesh)  # as run_epoch's put_global: the scored fields too
         train, upd = update(state.train, batch, grammar)
         new = RunState(train=train, society=soc, key=jax.random.key_data(key),
                        epoch=state.epoch + 1)
         return new, upd, view(ro, s, eng, gap)
 
-    return EpochFns(embed=embed, rollout=rollout, scores=scores, score=score, update=update,
-                    view=view, epoch=epoch)
+    return EpochFns(embed=embed, rollout=rollout, social_reward=social_reward,
+                    score_batch=score_batch, update=update, view=view, epoch=epoch)

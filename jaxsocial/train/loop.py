@@ -186,7 +186,7 @@ class SocialRL:
         self.fns = make_epoch(self)  # the epoch's pure functions (train.epoch)
         self._rollout = _BindFrozen(jax.jit(self.fns.rollout), grammar=self.grammar,
                                     encoder=self.encoder_params)
-        self._score = _BindFrozen(jax.jit(self.fns.score), grammar=self.grammar)
+        self._score = _BindFrozen(jax.jit(self.fns.score_batch), grammar=self.grammar)
         self._view = jax.jit(self.fns.view)
         self._epoch = None  # built at the first epoch, with the state's shardings pinned
         self.epoch_trace_count = 0
