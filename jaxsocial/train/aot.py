@@ -209,7 +209,7 @@ def abstract_state(run: loop.SocialRL) -> loop.RunState:
         finally:
             run._init_params, run._init_ref = params, ref
     shapes = jax.eval_shape(init, params, ref)
-    return _with_shardings(shapes, run.state_shardings(shapes))
+    return _with_shardings(shapes, run.run_state_shardings(shapes))
 
 
 def _compile(name, fn, args, other) -> tuple:

@@ -322,10 +322,10 @@ class SocialRL:
         """Put a run state on the mesh: parameters by the logical-axis rules (via their model
         metadata), everything else replicated."""
         if self.mesh.size == 1:  # the same NamedShardings the compiled epoch returns
-            return jax.device_put(state, self.state_shardings(state))
-        return sharding.put_global(state, self.state_shardings(state))
+            return jax.device_put(state, self.run_state_shardings(state))
+        return sharding.put_global(state, self.run_state_shardings(state))
 
-    def state_shardings(self, state: RunState):
+    def run_state_shardings(self, state: RunState):
         """Shardings of a RunState: the train state's weights and their Adam moments by the
         logical-axis rules (`sharding.train_state_shardings`), the society's per-user arrays
         along `agents` (`sharding.society_shardings`), the rest replicated."""
@@ -411,7 +411,7 @@ class SocialRL:
         state donated. The grammar and the society encoder's weights (`encoder_params`, None
         unless `society.encoder="minilm"`) are replicated arguments, never baked constants."""
         if self._epoch is None:
-            sh = self.state_shardings(state)
+            sh = self.run_state_shardings(state)
             rep = sharding.replicated(self.mesh)
             self._epoch = jax.jit(self._epoch_fn, donate_argnums=0, in_shardings=(sh, rep, rep),
                                   out_shardings=(sh, rep, rep))
