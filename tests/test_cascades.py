@@ -1,0 +1,112 @@
+"""Cascades (`social.cascades`) against a brute-force Python walk of the same parent links, on
+random forests in a ring buffer that has evicted its oldest posts."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxsocial.social import cascades as cascades_lib
+from jaxsocial.social.state import EMPTY, PostKind, Posts
+
+
+def make_posts(n_created: int, capacity: int, seed: int):
+    """A ring of `capacity` slots after `n_created` creations: each post is an original, a
+    comment, a repost or a quote of an earlier post (reposts of reposts are redirected to the
+    original, as the society does), created at non-decreasing ticks."""
+    rng = np.random.default_rng(seed)
+    kind, parent, created = [], [], []
+    tick = 0
+    for i in range(n_created):
+        tick += int(rng.integers(0, 2))
+        k = PostKind.POST if i == 0 else PostKind(int(rng.choice(4, p=[.3, .15, .3, .25])))
+        par = EMPTY
+        if k != PostKind.POST:
+            # mostly recent targets, so the tail of the ring holds long chains
+            par = int(max(0, i - 1 - rng.geometric(0.15)))
+            if k == PostKind.REPOST and kind[par] == PostKind.REPOST:
+                par = parent[par]
+        kind.append(int(k))
+        parent.append(par)
+        created.append(tick)
+    ids = np.full(capacity, EMPTY, np.int32)
+    cols = {name: np.full(capacity, EMPTY if name == "parent" else 0, np.int32)
+            for name in ("kind", "parent", "created_at")}
+    for i in range(max(0, n_created - capacity), n_created):
+        s = i % capacity
+        ids[s], cols["kind"][s], cols["parent"][s], cols["created_at"][s] = (
+            i, kind[i], parent[i], created[i])
+    z = jnp.zeros(capacity, jnp.int32)
+    posts = Posts(id=jnp.asarray(ids), kind=jnp.asarray(cols["kind"]), author=z,
+                  parent=jnp.asarray(cols["parent"]), created_at=jnp.asarray(cols["created_at"]),
+                  tokens=jnp.zeros((capacity, 1), jnp.int32),
+                  embedding=jnp.zeros((capacity, 1), jnp.float32), likes=z, dislikes=z,
+                  reposts=z, quotes=z, comments=z, reports=z, likes_h=z,
+                  last_comment=z - 1, prev_comment=z - 1, prev_by_author=z - 1,
+                  next_id=jnp.int32(n_created))
+    return posts, dict(kind=kind, parent=parent, created=created, first=max(0, n_created
+                                                                            - capacity))
+
+
+def brute_force(ref, n_created):
+    """{root id: (size, depth, breadth, half_time)} by walking every live share up its chain."""
+    kind, parent, created, first = ref["kind"], ref["parent"], ref["created"], ref["first"]
+    alive = lambda i: first <= i < n_created  # noqa: E731
+    trees = {i: [] for i in range(first, n_created) if kind[i] == PostKind.POST}
+    for i in range(first, n_created):
+        if kind[i] not in (PostKind.REPOST, PostKind.QUOTE):
+            continue
+        node, d = i, 0
+        while kind[node] in (PostKind.REPOST, PostKind.QUOTE):
+            node, d = parent[node], d + 1
+            if not alive(node) or kind[node] == PostKind.COMMENT:
+                node = None
+                break
+        if node is not None:
+            trees[node].append((d, i))
+    out = {}
+    for root, members in trees.items():
+        if not members:
+            out[root] = (0, 0, 0, -1)
+            continue
+        levels = {}
+        for d, _ in members:
+            levels[d] = levels.get(d, 0) + 1
+        order = sorted(i for _, i in members)
+        half = created[order[math.ceil(len(order) / 2) - 1]] - created[root]
+        out[root] = (len(members), max(levels), max(levels.values()), half)
+    return out
+
+
+@pytest.mark.parametrize("n_created, capacity, seed", [(40, 64, 0), (300, 128, 1),
+                                                         (1000, 257, 2)])
+def test_cascades_equal_a_brute_force_walk(n_created, capacity, seed):
+    posts, ref = make_posts(n_created, capacity, seed)
+    got = jax.jit(cascades_lib.cascades)(posts)
+    want = brute_force(ref, n_created)
+    ids = np.asarray(posts.id)
+    roots = {int(ids[s]): s for s in np.flatnonzero(np.asarray(got.is_root))}
+    assert set(roots) == set(want)
+    table = {i: (int(got.size[s]), int(got.depth[s]), int(got.breadth[s]),
+                 int(got.half_time[s])) for i, s in roots.items()}
+    assert table == want
+    # the case is not trivial: some trees are deep and wide, and the ring has evicted posts
+    assert max(v[1] for v in want.values()) >= 2 and max(v[2] for v in want.values()) >= 2
+    assert n_created <= capacity or ref["first"] > 0
+
+
+def test_a_broken_parent_link_is_caught():
+    """Negative control: re-pointing one deep member at another root changes the table."""
+    posts, ref = make_posts(300, 128, 1)
+    got = cascades_lib.cascades(posts)
+    deep = int(np.argmax(np.asarray(got.depth)))  # a root with a deep tree
+    kinds, parents = np.asarray(posts.kind), np.asarray(posts.parent)
+    ids = np.asarray(posts.id)
+    member = [s for s in range(128) if kinds[s] in (PostKind.REPOST, PostKind.QUOTE)
+              and parents[s] == ids[deep]]
+    other = [s for s in np.flatnonzero(np.asarray(got.is_root)) if s != deep][0]
+    bad = posts.replace(parent=posts.parent.at[member[0]].set(int(ids[other])))
+    again = cascades_lib.cascades(bad)
+    assert int(again.size[deep]) < int(got.size[deep])
+    assert int(again.size[other]) > int(got.size[other])
