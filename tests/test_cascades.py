@@ -110,3 +110,19 @@ def test_a_broken_parent_link_is_caught():
     again = cascades_lib.cascades(bad)
     assert int(again.size[deep]) < int(got.size[deep])
     assert int(again.size[other]) > int(got.size[other])
+
+
+def test_summary_is_numpys_percentiles_over_the_roots():
+    posts, _ = make_posts(300, 128, 1)
+    c = cascades_lib.cascades(posts)
+    got = cascades_lib.summary(c)
+    roots = np.asarray(c.is_root)
+    size = np.asarray(c.size)[roots]
+    assert got["roots"] == roots.sum() and got["spread_share"] == (size > 0).mean()
+    assert got["size"]["p90"] == np.percentile(size, 90) and got["size"]["max"] == size.max()
+    spread = np.asarray(c.half_time)[roots][size > 0]
+    assert len(spread) and got["half_time"]["p50"] == np.percentile(spread, 50)
+    # no roots (a ring of comments only): the count alone
+    empty = cascades_lib.Cascades(*(jnp.zeros(4, t) for t in (bool, jnp.int32, jnp.int32,
+                                                               jnp.int32, jnp.int32)))
+    assert cascades_lib.summary(empty) == {"roots": 0}

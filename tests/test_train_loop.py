@@ -150,6 +150,10 @@ def test_demo_smoke_runs_end_to_end_and_resumes_exactly(smoke, smoke_full, tmp_p
     assert set(recs[0]["drift"]) == set(report.DRIFT_KEYS)
     assert 0.0 <= recs[0]["drift"]["distinct_2"] <= 1.0
     assert recs[0]["posts"] and all("text" in p and "likes" in p for p in recs[0]["posts"])
+    # How far the society's posts spread (social.cascades), per epoch.
+    casc = recs[-1]["cascades"]
+    assert casc["roots"] > 0 and 0.0 <= casc["spread_share"] <= 1.0
+    assert casc["size"]["max"] >= casc["size"]["p50"] >= 0
     md = (full_dir / "summary.md").read_text()
     assert "| avg likes per post |" in md and "## Posts from the last epoch (epoch 2)" in md
     # Interrupted after epoch 1, then resumed: identical metrics (bit-exact on CPU).

@@ -91,3 +91,30 @@ def cascades(posts: Posts) -> Cascades:
                     depth=jnp.where(is_root, depth, zero),
                     breadth=jnp.where(is_root, breadth, zero),
                     half_time=jnp.where(is_root, half_time, -1).astype(jnp.int32))
+
+
+PERCENTILES = (50, 90, 99)
+
+
+def summary(c: Cascades) -> dict:
+    """Host-side distribution of `c` over the alive original posts: their count ("roots"),
+    the share with any reposts or quotes ("spread_share"), and for size, depth and breadth
+    their mean, p50 / p90 / p99 and max; half_time over the cascades that spread (size > 0).
+    Percentiles are numpy's (linear interpolation)."""
+    import numpy as np
+
+    roots = np.asarray(c.is_root)
+    out = {"roots": int(roots.sum())}
+    if not out["roots"]:
+        return out
+    size = np.asarray(c.size)[roots]
+    out["spread_share"] = float((size > 0).mean())
+    for name, values in (("size", size), ("depth", np.asarray(c.depth)[roots]),
+                         ("breadth", np.asarray(c.breadth)[roots]),
+                         ("half_time", np.asarray(c.half_time)[roots][size > 0])):
+        if not len(values):
+            continue
+        row = {"mean": float(values.mean()), "max": int(values.max())}
+        row.update({f"p{q}": float(np.percentile(values, q)) for q in PERCENTILES})
+        out[name] = row
+    return out

@@ -36,7 +36,7 @@ from jaxsocial.rl import lora as lora_lib
 from jaxsocial.rl import optim
 from jaxsocial.rl import policy as policy_lib
 from jaxsocial.rl import ppo as ppo_lib
-from jaxsocial.social import activation, society, text_bank
+from jaxsocial.social import activation, cascades, society, text_bank
 from jaxsocial.social.actions import ActionType
 from jaxsocial.social.state import normalize
 from jaxsocial.train import (
@@ -188,6 +188,7 @@ class SocialRL:
                                     encoder=self.encoder_params)
         self._score = _BindFrozen(jax.jit(self.fns.score_batch), grammar=self.grammar)
         self._view = jax.jit(self.fns.view)
+        self._cascades = jax.jit(cascades.cascades)
         self._epoch = None  # built at the first epoch, with the state's shardings pinned
         self.epoch_trace_count = 0
 
@@ -396,6 +397,7 @@ class SocialRL:
         view, upd = sharding.to_host((self._view(ro, score, eng, gap), upd))
         metrics = self._metrics(view, upd, wall, t_roll)
         metrics["epoch"] = int(sharding.to_host(new.epoch))
+        metrics["cascades"] = self.cascade_metrics(new)
         if self.code:
             metrics["code_passed"] = int((bonus > 0).sum())
         return self.place(new), metrics, self._samples(view, metrics["epoch"])
@@ -426,7 +428,14 @@ class SocialRL:
         view, upd = sharding.to_host((view, upd))
         metrics = self._metrics(view, upd, wall, wall)
         metrics["epoch"] = int(sharding.to_host(new.epoch))
+        metrics["cascades"] = self.cascade_metrics(new)
         return new, metrics, self._samples(view, metrics["epoch"])
+
+    def cascade_metrics(self, state: RunState) -> Dict[str, Any]:
+        """How far the society's alive original posts spread by the end of the epoch
+        (`social.cascades`: size, depth, breadth and half time of their repost / quote trees,
+        as percentiles)."""
+        return cascades.summary(sharding.to_host(self._cascades(state.society.posts)))
 
     def _metrics(self, v: EpochView, upd, wall, t_roll) -> Dict[str, Any]:
         created = np.asarray(v.created)
