@@ -154,6 +154,10 @@ def test_demo_smoke_runs_end_to_end_and_resumes_exactly(smoke, smoke_full, tmp_p
     casc = recs[-1]["cascades"]
     assert casc["roots"] > 0 and 0.0 <= casc["spread_share"] <= 1.0
     assert casc["size"]["max"] >= casc["size"]["p50"] >= 0
+    pol = recs[-1]["polarisation"]
+    assert pol["follow_edges"] > 0 and -1.0 <= pol["homophily"] <= 1.0
+    assert -0.5 <= pol["modularity"] <= 1.0 and 0.0 <= pol["split_share"] <= 1.0
+    assert all(-1.0 <= r["persona_sim"] <= 1.0 for r in recs) and recs[0]["persona_sim"] != 0
     md = (full_dir / "summary.md").read_text()
     assert "| avg likes per post |" in md and "## Posts from the last epoch (epoch 2)" in md
     # Interrupted after epoch 1, then resumed: identical metrics (bit-exact on CPU).

@@ -36,7 +36,7 @@ from jaxsocial.rl import lora as lora_lib
 from jaxsocial.rl import optim
 from jaxsocial.rl import policy as policy_lib
 from jaxsocial.rl import ppo as ppo_lib
-from jaxsocial.social import activation, cascades, society, text_bank
+from jaxsocial.social import activation, cascades, polarisation, society, text_bank
 from jaxsocial.social.actions import ActionType
 from jaxsocial.social.state import normalize
 from jaxsocial.train import (
@@ -189,6 +189,7 @@ class SocialRL:
         self._score = _BindFrozen(jax.jit(self.fns.score_batch), grammar=self.grammar)
         self._view = jax.jit(self.fns.view)
         self._cascades = jax.jit(cascades.cascades)
+        self._polarisation = jax.jit(polarisation.summary)
         self._epoch = None  # built at the first epoch, with the state's shardings pinned
         self.epoch_trace_count = 0
 
@@ -397,7 +398,7 @@ class SocialRL:
         view, upd = sharding.to_host((self._view(ro, score, eng, gap), upd))
         metrics = self._metrics(view, upd, wall, t_roll)
         metrics["epoch"] = int(sharding.to_host(new.epoch))
-        metrics["cascades"] = self.cascade_metrics(new)
+        metrics.update(self.society_metrics(new))
         if self.code:
             metrics["code_passed"] = int((bonus > 0).sum())
         return self.place(new), metrics, self._samples(view, metrics["epoch"])
@@ -428,14 +429,22 @@ class SocialRL:
         view, upd = sharding.to_host((view, upd))
         metrics = self._metrics(view, upd, wall, wall)
         metrics["epoch"] = int(sharding.to_host(new.epoch))
-        metrics["cascades"] = self.cascade_metrics(new)
+        metrics.update(self.society_metrics(new))
         return new, metrics, self._samples(view, metrics["epoch"])
 
-    def cascade_metrics(self, state: RunState) -> Dict[str, Any]:
-        """How far the society's alive original posts spread by the end of the epoch
-        (`social.cascades`: size, depth, breadth and half time of their repost / quote trees,
-        as percentiles)."""
-        return cascades.summary(sharding.to_host(self._cascades(state.society.posts)))
+    def society_metrics(self, state: RunState) -> Dict[str, Any]:
+        """The society at the end of the epoch: `cascades`, how far its alive original posts
+        spread (`social.cascades`: size, depth, breadth and half time of their repost / quote
+        trees, as percentiles), and `polarisation` of its follow graph
+        (`social.polarisation.summary`; the shuffle's key is the seed folded with the epoch,
+        apart from the run's own keys)."""
+        soc = state.society
+        epoch = int(sharding.to_host(state.epoch))
+        key = jax.random.fold_in(jax.random.key(int(self.config.seed) + 104729), epoch)
+        pol = sharding.to_host(self._polarisation(key, soc.users, soc.graph))
+        return {"cascades": cascades.summary(sharding.to_host(self._cascades(soc.posts))),
+                "polarisation": {k: float(v) if k != "follow_edges" else int(v)
+                                 for k, v in pol.items()}}
 
     def _metrics(self, v: EpochView, upd, wall, t_roll) -> Dict[str, Any]:
         created = np.asarray(v.created)
@@ -504,6 +513,13 @@ class SocialRL:
             texts = [t.split(":", 1)[-1].strip() for t in texts]
         authors = [int(a) for a in np.asarray(v.agent).reshape(-1)[idx]]
         post_likes = eng[..., 0].reshape(-1)[idx]
+        # How close the agents' posts stay to their own persona (unit embeddings): a drift
+        # towards the crowd's taste shows as this falling while crowd_interest_sim rises.
+        persona = np.asarray(self.agent_interest)
+        persona = persona / np.maximum(np.linalg.norm(persona, axis=-1, keepdims=True), 1e-12)
+        emb = np.asarray(v.post_embedding)[kept]
+        m["persona_sim"] = (float(np.mean(np.sum(emb * persona[authors], axis=-1)))
+                            if len(authors) else 0.0)
         m["drift"] = report.text_drift(texts, authors)
         top = sorted(range(len(texts)), key=lambda i: (-float(post_likes[i]), i))[:3]
         m["posts"] = [{"text": texts[i], "likes": int(post_likes[i]), "agent": authors[i]}

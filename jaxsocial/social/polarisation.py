@@ -1,0 +1,97 @@
+"""Polarisation of the follow graph: interest homophily against a degree-preserving shuffle, and
+the modularity of the society's 2-way split by interest.
+
+The graph's edges are `graph.following` [N, F] read as u -> v (u follows v; EMPTY holes are
+no edge); users' interests are unit vectors [N, d].
+
+- `homophily(users, graph)`: the mean cosine between a follower's and a followee's interests
+  over the edges.
+- `shuffled_followees(key, graph)`: the same edges with their followees permuted among
+  themselves, so every user keeps its out-degree and its in-degree (a configuration-model
+  shuffle: what homophily is when who follows whom ignores interests).
+- `interest_split(users)`: side [N] bool, the sign of each interest's coordinate along the
+  interests' first principal direction (centred; the direction oriented so that its largest
+  component is positive).
+- `modularity(graph, side)`: Newman's directed modularity of that split,
+  Q = sum_c [e_cc / m - (out_c / m)(in_c / m)], with e_cc the edges inside side c, out_c / in_c
+  the edges leaving / entering it, m the edges: 0 for a split the edges ignore, up to 1/2 for two
+  closed camps of equal size.
+All of them are jit-able at static shapes.
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from jaxsocial.social.state import Graph, Users
+
+Array = jax.Array
+
+
+def edges(graph: Graph):
+    """(follower [E], followee [E], valid [E]) with E = N * F (EMPTY entries invalid)."""
+    n, f = graph.following.shape
+    follower = jnp.repeat(jnp.arange(n, dtype=jnp.int32), f)
+    followee = graph.following.reshape(-1)
+    return follower, jnp.maximum(followee, 0), followee >= 0
+
+
+def _mean_cos(interest: Array, src: Array, dst: Array, valid: Array) -> Array:
+    cos = jnp.sum(interest[src] * interest[dst], axis=-1)
+    return jnp.sum(jnp.where(valid, cos, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
+
+
+def homophily(users: Users, graph: Graph) -> Array:
+    """[] float32 mean cosine between follower and followee interests (0 without edges)."""
+    chex.assert_rank(users.interest, 2)
+    src, dst, valid = edges(graph)
+    return _mean_cos(users.interest, src, dst, valid)
+
+
+def shuffled_followees(key: Array, graph: Graph) -> Graph:
+    """`graph` with the followees of all edges permuted among the edges (holes stay holes):
+    out- and in-degrees are kept, who follows whom is random."""
+    n, f = graph.following.shape
+    _, dst, valid = edges(graph)
+    # Edge slots in order (valid first) and the valid followees in a random order.
+    slots = jnp.argsort(jnp.where(valid, 0, 1), stable=True)
+    draw = jnp.argsort(jnp.where(valid, jax.random.uniform(key, valid.shape), 2.0))
+    new = jnp.full(dst.shape, -1, jnp.int32).at[slots].set(
+        jnp.where(valid[draw], dst[draw], -1))
+    return graph.replace(following=new.reshape(n, f))
+
+
+def interest_split(users: Users) -> Array:
+    """[N] bool: which side of the interests' first principal direction each user sits on."""
+    x = users.interest - users.interest.mean(0)
+    _, vecs = jnp.linalg.eigh(x.T @ x)
+    v = vecs[:, -1]
+    v = v * jnp.sign(v[jnp.argmax(jnp.abs(v))])  # an eigenvector's sign is arbitrary: fix it
+    return x @ v > 0
+
+
+def modularity(graph: Graph, side: Array) -> Array:
+    """[] float32 directed modularity of the 2-way split `side` [N] bool (0 without edges)."""
+    src, dst, valid = edges(graph)
+    m = jnp.maximum(jnp.sum(valid), 1).astype(jnp.float32)
+    q = jnp.float32(0.0)
+    for c in (False, True):
+        out_c = jnp.sum(valid & (side[src] == c))
+        in_c = jnp.sum(valid & (side[dst] == c))
+        inside = jnp.sum(valid & (side[src] == c) & (side[dst] == c))
+        q = q + inside / m - (out_c / m) * (in_c / m)
+    return q
+
+
+def summary(key: Array, users: Users, graph: Graph) -> dict:
+    """{"homophily", "homophily_shuffled", "modularity", "split_share", "follow_edges"}: the
+    graph's homophily, the same under `shuffled_followees(key, .)`, the modularity of the
+    interest split and the share of users on its True side (host floats)."""
+    side = interest_split(users)
+    return {"homophily": homophily(users, graph),
+            "homophily_shuffled": homophily(users, shuffled_followees(key, graph)),
+            "modularity": modularity(graph, side),
+            "split_share": jnp.mean(side.astype(jnp.float32)),
+            "follow_edges": jnp.sum(graph.following >= 0)}
