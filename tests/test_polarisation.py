@@ -72,10 +72,49 @@ def test_shuffle_keeps_degrees_and_removes_homophily():
 
 
 def test_planted_camps_against_a_graph_that_ignores_interests():
-    camps = pol.summary(jax.random.key(0), *society(camps=True)[:2])
-    mixed = pol.summary(jax.random.key(0), *society(camps=False)[:2])
-    assert float(camps["modularity"]) > 0.4 and abs(float(mixed["modularity"])) < 0.1
-    assert float(camps["homophily"]) > float(camps["homophily_shuffled"]) + 0.3
-    assert abs(float(mixed["homophily"]) - float(mixed["homophily_shuffled"])) < 0.15
-    assert 0.4 <= float(camps["split_share"]) <= 0.6
-    assert int(camps["follow_edges"]) == int((np.asarray(society(True)[1].following) >= 0).sum())
+    (u1, g1, _), (u0, g0, _) = society(camps=True), society(camps=False)
+    side1, side0 = pol.interest_split(u1), pol.interest_split(u0)
+    assert float(pol.modularity(g1, side1)) > 0.4 and abs(float(pol.modularity(g0, side0))) < 0.1
+    key = jax.random.key(0)
+    assert float(pol.homophily(u1, g1)) > float(
+        pol.homophily(u1, pol.shuffled_followees(key, g1))) + 0.3
+    assert abs(float(pol.homophily(u0, g0)) - float(
+        pol.homophily(u0, pol.shuffled_followees(key, g0)))) < 0.15
+    assert 0.4 <= float(jnp.mean(side1)) <= 0.6
+
+
+def test_feed_diversity_equals_numpy_and_is_zero_for_a_feed_of_one_post():
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(4, 5, D))
+    emb /= np.linalg.norm(emb, axis=-1, keepdims=True)
+    valid = np.array([[1, 1, 1, 0, 0], [1] * 5, [1, 0, 0, 0, 0], [0, 1, 0, 1, 1]], bool)
+    got = np.asarray(pol.feed_diversity(jnp.asarray(emb, jnp.float32), jnp.asarray(valid)))
+    for b in range(4):
+        e = emb[b][valid[b]]
+        pairs = [1 - e[i] @ e[j] for i in range(len(e)) for j in range(len(e)) if i != j]
+        assert (np.isnan(got[b]) if not pairs else np.isclose(got[b], np.mean(pairs), atol=1e-6))
+    same = np.repeat(emb[:, :1], 5, axis=1)  # negative control: one post shown five times
+    assert np.allclose(pol.feed_diversity(jnp.asarray(same, jnp.float32),
+                                          jnp.ones((4, 5), bool)), 0.0, atol=1e-6)
+
+
+def test_summary_of_a_reset_society():
+    from jaxsocial.social import recsys
+    from jaxsocial.social import society as society_lib
+    params = society_lib.make_params(num_users=64, num_personas=2, embed_dim=D,
+                                     post_capacity=128, num_seed_posts=48, feed_size=4,
+                                     pool_size=32, max_active=16, crowd_budget=16)
+    state = society_lib.reset(jax.random.key(0), params)
+    got = jax.jit(pol.summary, static_argnames="sample")(jax.random.key(1), state, params,
+                                                          sample=16)
+    assert int(got["follow_edges"]) == int((np.asarray(state.graph.following) >= 0).sum())
+    assert np.isclose(float(got["homophily"]), float(pol.homophily(state.users, state.graph)))
+    # exposure diversity: the same keys and users through recsys.recommend and NumPy
+    _, k_users, k_feed = jax.random.split(jax.random.key(1), 3)
+    who = jax.random.permutation(k_users, 64)[:16].astype(jnp.int32)
+    feed = recsys.recommend(k_feed, state, who, params)
+    emb, valid = np.asarray(state.posts.embedding)[np.asarray(feed.slots)], np.asarray(feed.valid)
+    per = [np.mean([1 - emb[b, i] @ emb[b, j] for i in range(4) for j in range(4)
+                    if i != j and valid[b, i] and valid[b, j]])
+           for b in range(16) if valid[b].sum() >= 2]
+    assert per and np.isclose(float(got["exposure_diversity"]), np.mean(per), atol=1e-5)

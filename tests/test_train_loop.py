@@ -157,6 +157,7 @@ def test_demo_smoke_runs_end_to_end_and_resumes_exactly(smoke, smoke_full, tmp_p
     pol = recs[-1]["polarisation"]
     assert pol["follow_edges"] > 0 and -1.0 <= pol["homophily"] <= 1.0
     assert -0.5 <= pol["modularity"] <= 1.0 and 0.0 <= pol["split_share"] <= 1.0
+    assert 0.0 < pol["exposure_diversity"] <= 2.0
     assert all(-1.0 <= r["persona_sim"] <= 1.0 for r in recs) and recs[0]["persona_sim"] != 0
     md = (full_dir / "summary.md").read_text()
     assert "| avg likes per post |" in md and "## Posts from the last epoch (epoch 2)" in md

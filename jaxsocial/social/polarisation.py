@@ -1,5 +1,5 @@
-"""Polarisation of the follow graph: interest homophily against a degree-preserving shuffle, and
-the modularity of the society's 2-way split by interest.
+"""Polarisation: the follow graph's interest homophily against a degree-preserving shuffle, the
+modularity of the society's 2-way split by interest, and the diversity of what feeds show.
 
 The graph's edges are `graph.following` [N, F] read as u -> v (u follows v; EMPTY holes are
 no edge); users' interests are unit vectors [N, d].
@@ -16,6 +16,9 @@ no edge); users' interests are unit vectors [N, d].
   Q = sum_c [e_cc / m - (out_c / m)(in_c / m)], with e_cc the edges inside side c, out_c / in_c
   the edges leaving / entering it, m the edges: 0 for a split the edges ignore, up to 1/2 for two
   closed camps of equal size.
+- `exposure_diversity(key, state, params, users)`: the mean over `users` (with at least two
+  posts in their feed) of the mean pairwise cosine distance 1 - cos between the posts the
+  recommender would show them now (`recsys.recommend`).
 All of them are jit-able at static shapes.
 """
 
@@ -25,7 +28,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxsocial.social.state import Graph, Users
+from jaxsocial.social import recsys
+from jaxsocial.social.state import Graph, SocialParams, SocialState, Users
 
 Array = jax.Array
 
@@ -85,13 +89,43 @@ def modularity(graph: Graph, side: Array) -> Array:
     return q
 
 
-def summary(key: Array, users: Users, graph: Graph) -> dict:
-    """{"homophily", "homophily_shuffled", "modularity", "split_share", "follow_edges"}: the
-    graph's homophily, the same under `shuffled_followees(key, .)`, the modularity of the
-    interest split and the share of users on its True side (host floats)."""
+def feed_diversity(embedding: Array, valid: Array) -> Array:
+    """embedding [B, K, d] unit vectors of the posts shown, valid [B, K] -> [B] mean pairwise
+    1 - cos over the valid pairs of each feed (NaN where fewer than two posts)."""
+    cos = jnp.einsum("bkd,bjd->bkj", embedding, embedding)
+    k = valid.shape[1]
+    pair = valid[:, :, None] & valid[:, None, :] & ~jnp.eye(k, dtype=bool)[None]
+    n = jnp.sum(pair, axis=(1, 2))
+    total = jnp.sum(jnp.where(pair, 1.0 - cos, 0.0), axis=(1, 2))
+    return jnp.where(n > 0, total / jnp.maximum(n, 1), jnp.nan)
+
+
+def exposure_diversity(key: Array, state: SocialState, params: SocialParams,
+                       users: Array) -> Array:
+    """[] float32 mean `feed_diversity` of the feeds `recsys.recommend` gives `users` [U]
+    now, over the users shown at least two posts (NaN if none is)."""
+    feed = recsys.recommend(key, state, users, params)
+    emb = state.posts.embedding[feed.slots]
+    per_user = feed_diversity(emb, feed.valid)
+    ok = ~jnp.isnan(per_user)
+    return jnp.where(jnp.any(ok), jnp.sum(jnp.where(ok, per_user, 0.0))
+                     / jnp.maximum(jnp.sum(ok), 1), jnp.nan)
+
+
+def summary(key: Array, state: SocialState, params: SocialParams, sample: int = 256) -> dict:
+    """{"homophily", "homophily_shuffled", "modularity", "split_share", "follow_edges",
+    "exposure_diversity"} of `state`: the graph's homophily, the same under
+    `shuffled_followees`, the modularity of the interest split, the share of users on its True
+    side, the edges, and the feeds' diversity over `sample` users drawn without replacement
+    (all of them when there are fewer)."""
+    users, graph = state.users, state.graph
+    k_shuffle, k_users, k_feed = jax.random.split(key, 3)
     side = interest_split(users)
+    n = users.interest.shape[0]
+    who = jax.random.permutation(k_users, n)[:min(sample, n)].astype(jnp.int32)
     return {"homophily": homophily(users, graph),
-            "homophily_shuffled": homophily(users, shuffled_followees(key, graph)),
+            "homophily_shuffled": homophily(users, shuffled_followees(k_shuffle, graph)),
             "modularity": modularity(graph, side),
             "split_share": jnp.mean(side.astype(jnp.float32)),
-            "follow_edges": jnp.sum(graph.following >= 0)}
+            "follow_edges": jnp.sum(graph.following >= 0),
+            "exposure_diversity": exposure_diversity(k_feed, state, params, who)}

@@ -189,7 +189,8 @@ class SocialRL:
         self._score = _BindFrozen(jax.jit(self.fns.score_batch), grammar=self.grammar)
         self._view = jax.jit(self.fns.view)
         self._cascades = jax.jit(cascades.cascades)
-        self._polarisation = jax.jit(polarisation.summary)
+        self._polarisation = jax.jit(functools.partial(polarisation.summary,
+                                                       params=self.social_params))
         self._epoch = None  # built at the first epoch, with the state's shardings pinned
         self.epoch_trace_count = 0
 
@@ -441,10 +442,10 @@ class SocialRL:
         soc = state.society
         epoch = int(sharding.to_host(state.epoch))
         key = jax.random.fold_in(jax.random.key(int(self.config.seed) + 104729), epoch)
-        pol = sharding.to_host(self._polarisation(key, soc.users, soc.graph))
+        pol = sharding.to_host(self._polarisation(key, soc))
         return {"cascades": cascades.summary(sharding.to_host(self._cascades(soc.posts))),
-                "polarisation": {k: float(v) if k != "follow_edges" else int(v)
-                                 for k, v in pol.items()}}
+                "polarisation": {k: int(v) if k == "follow_edges" else
+                                 (None if np.isnan(v) else float(v)) for k, v in pol.items()}}
 
     def _metrics(self, v: EpochView, upd, wall, t_roll) -> Dict[str, Any]:
         created = np.asarray(v.created)
