@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -86,6 +86,23 @@ def likes_distribution(run: Dict[str, List[dict]], max_likes: Optional[int] = No
         if total:
             out[i] /= total
     return out
+
+
+def cascade_ccdf(run: Dict[str, List[dict]], epoch: Optional[int] = None
+                 ) -> Tuple[np.ndarray, np.ndarray]:
+    """(sizes [k], share [k]): the share of the society's original posts whose cascade
+    (reposts + quotes, `social.cascades`) has at least that size, for sizes >= 1, at the end of
+    `epoch` (default: the last epoch that recorded cascades). Empty arrays when none did."""
+    rows = [r for r in run["metrics"] if (r.get("cascades") or {}).get("size_hist")]
+    if epoch is not None:
+        rows = [r for r in rows if r["epoch"] == epoch]
+    if not rows:
+        return np.zeros(0), np.zeros(0)
+    hist = np.asarray(rows[-1]["cascades"]["size_hist"], float)
+    at_least = hist[::-1].cumsum()[::-1] / hist.sum()
+    sizes = np.arange(len(hist))
+    keep = (sizes >= 1) & (hist > 0)  # the sizes that occur, where a log-log plot has a point
+    return sizes[keep], at_least[keep]
 
 
 def summary_table(run: Dict[str, List[dict]]) -> str:

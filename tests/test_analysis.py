@@ -55,3 +55,16 @@ def test_plot_run_saves_a_png(tmp_path):
     run = analysis.load_run(_write_run(tmp_path))
     analysis.plot_run(run, str(tmp_path / "a.png"))
     assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cascade_ccdf_from_the_size_histogram(tmp_path):
+    recs = [dict(epoch=1, cascades=dict(roots=4, size_hist=[4])),
+            dict(epoch=2, cascades=dict(roots=10, size_hist=[5, 3, 0, 2]))]
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in recs)
+    run = analysis.load_run(str(tmp_path))
+    sizes, share = analysis.cascade_ccdf(run)
+    # 10 posts: 5 of size >= 1, 2 of size >= 3 (size 2 never occurs: no point)
+    assert sizes.tolist() == [1, 3] and np.allclose(share, [0.5, 0.2])
+    assert analysis.cascade_ccdf(run, epoch=1)[0].size == 0  # nothing spread in epoch 1
+    assert analysis.cascade_ccdf({"metrics": [dict(epoch=1)]})[0].size == 0  # older runs

@@ -98,7 +98,8 @@ PERCENTILES = (50, 90, 99)
 
 def summary(c: Cascades) -> dict:
     """Host-side distribution of `c` over the alive original posts: their count ("roots"),
-    the share with any reposts or quotes ("spread_share"), and for size, depth and breadth
+    the share with any reposts or quotes ("spread_share"), the histogram of sizes
+    ("size_hist": roots of size 0, 1, 2, ...; the CCDF's source), and for size, depth and breadth
     their mean, p50 / p90 / p99 and max; half_time over the cascades that spread (size > 0).
     Percentiles are numpy's (linear interpolation)."""
     import numpy as np
@@ -109,6 +110,7 @@ def summary(c: Cascades) -> dict:
         return out
     size = np.asarray(c.size)[roots]
     out["spread_share"] = float((size > 0).mean())
+    out["size_hist"] = np.bincount(size).tolist()  # roots with size 0, 1, 2, ...
     for name, values in (("size", size), ("depth", np.asarray(c.depth)[roots]),
                          ("breadth", np.asarray(c.breadth)[roots]),
                          ("half_time", np.asarray(c.half_time)[roots][size > 0])):
