@@ -109,6 +109,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.rl.group_size = 0      # GRPO: 0 = the agents acting in one tick form a group
     c.train = ml_collections.ConfigDict(dict(
         epochs=4, checkpoint_every=1, keep_checkpoints=3, log_samples=4, export_hf=True,
+        # "W/checkpoints/N": start from run W's whole state at its epoch N (society, policy,
+        # optimizer, keys) and train on from there; only FORK_MAY_CHANGE keys may differ
+        # from W's config.json. "" = a fresh run.
+        fork_from="",
         allow_config_change=False,  # True: resume accepts changed train.* keys (SAFE_ON_RESUME)
         fused_epoch=True,  # one compiled program per epoch (not with a host-side code bonus)
         text_metrics_posts=4096))  # text drift / topics / top posts over the first K posts
@@ -284,6 +288,20 @@ SAFE_ON_RESUME = (
 )
 IGNORED_ON_RESUME = ("train.allow_config_change",)
 
+# Keys a fork (`train.fork_from`) may set differently from the run it starts from: the
+# society's dynamics (the recommender, its weights, the crowd's reaction and activity rates;
+# not the shapes of its state), the reward's weights, and what SAFE_ON_RESUME allows.
+FORK_MAY_CHANGE = SAFE_ON_RESUME + (
+    "train.", "reward.like", "reward.repost", "reward.comment", "reward.new_followers",
+    "society.recsys", "society.recency", "society.seen_policy", "society.seen_penalty",
+    "society.exclude_own", "society.pool_random", "society.explore_frac", "society.crowd",
+    "society.w_sim", "society.w_rec", "society.w_pop", "society.w_in", "society.recency_tau",
+    "society.activation_rate", "society.activity_sigma", "society.follow_power",
+    "society.like_bias", "society.like_sim", "society.like_pop", "society.like_follow",
+    "society.like_activity", "society.dislike_bias", "society.dislike_sim",
+    "society.p_post", "society.p_repost", "society.p_quote", "society.p_comment",
+    "society.p_follow", "society.post_noise")
+
 
 def _flat(tree: Any, prefix: str = "") -> Dict[str, Any]:
     out = {}
@@ -300,8 +318,28 @@ def as_plain(config: ml_collections.ConfigDict) -> Dict[str, Any]:
     return json.loads(config.to_json_best_effort())
 
 
+def _matches(key: str, patterns) -> bool:
+    return any(key == s or (s.endswith(".") and key.startswith(s)) for s in patterns)
+
+
 def _safe(key: str) -> bool:
-    return any(key == s or (s.endswith(".") and key.startswith(s)) for s in SAFE_ON_RESUME)
+    return _matches(key, SAFE_ON_RESUME)
+
+
+def fork_differences(stored: Dict[str, Any], config: ml_collections.ConfigDict
+                     ) -> Tuple[Dict[str, Tuple[Any, Any]], Dict[str, Tuple[Any, Any]]]:
+    """(allowed, refused) differences {key: (the source run's value, the fork's)} between the
+    config.json of the run a fork starts from and the fork's config (`FORK_MAY_CHANGE`)."""
+    old, new = _flat(stored), _flat(as_plain(config))
+    for name in RENAMED:
+        old.pop(f"rl.{name}", None)
+    allowed, refused = {}, {}
+    for key in sorted(set(old) | set(new)):
+        if key in IGNORED_ON_RESUME or old.get(key) == new.get(key):
+            continue
+        (allowed if _matches(key, FORK_MAY_CHANGE) else refused)[key] = (old.get(key),
+                                                                         new.get(key))
+    return allowed, refused
 
 
 def resume_differences(stored: Dict[str, Any], config: ml_collections.ConfigDict

@@ -10,7 +10,7 @@ import json
 import os
 import shutil
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 import ml_collections
@@ -64,6 +64,67 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, A
             f"resuming {workdir} with changed {run_config.format_differences(safe)}: pass "
             f"--config.train.allow_config_change=True to accept, or use a new --workdir")
     return safe
+
+
+def fork_source(config: ml_collections.ConfigDict, workdir: str
+                ) -> Optional[Tuple[str, int, Dict[str, Any]]]:
+    """(source workdir, epoch, allowed differences) of a fork (`train.fork_from` =
+    "W/checkpoints/N"), or None when the config is no fork. Raises ValueError (one line):
+    a path that is not a checkpoint of a run, the fork's own workdir, train.epochs not past
+    N, or keys that a fork may not change (`run_config.FORK_MAY_CHANGE`)."""
+    path = str(config.train.get("fork_from", "") or "")
+    if not path:
+        return None
+    path = os.path.abspath(path.rstrip("/"))
+    parent, step = os.path.split(path)
+    source = os.path.dirname(parent)
+    if os.path.basename(parent) != "checkpoints" or not step.isdigit():
+        raise ValueError(f"train.fork_from={path!r} is not a checkpoint directory: expected "
+                         f"W/checkpoints/N (N an epoch W saved)")
+    if not os.path.isdir(path):
+        have = sorted(int(d) for d in os.listdir(parent) if d.isdigit()) \
+            if os.path.isdir(parent) else []
+        raise ValueError(f"train.fork_from={path!r} does not exist (checkpoints of {source}: "
+                         f"{have or 'none'})")
+    if os.path.abspath(source) == os.path.abspath(workdir):
+        raise ValueError(f"train.fork_from={path!r} is a checkpoint of this workdir: a fork "
+                         f"needs its own --workdir (to go on in the same one, resume it)")
+    if int(config.train.epochs) <= int(step):
+        raise ValueError(f"train.epochs={int(config.train.epochs)} must be past the fork's "
+                         f"epoch {int(step)}")
+    stored = _read_stored_config(os.path.join(source, "config.json"))
+    if stored is None:
+        raise ValueError(f"train.fork_from={path!r}: {source} has no config.json (is it a "
+                         f"launch/train.py workdir?)")
+    allowed, refused = run_config.fork_differences(stored, config)
+    if refused:
+        raise ValueError(f"a fork of {source} may not change "
+                         f"{run_config.format_differences(refused)}: a fork may change the "
+                         f"society's dynamics, the reward's weights and train.* "
+                         f"(run_config.FORK_MAY_CHANGE)")
+    return source, int(step), allowed
+
+
+def _start_fork(run, state, workdir: str, source: str, step: int, lead: bool):
+    """The fork's state, history and logs: `source`'s checkpoint `step` restored into this
+    run's structure, its metrics / samples up to `step` copied into `workdir`."""
+    src = checkpointing.Checkpointer(source, keep=1_000_000)  # read only: nothing is saved
+    try:
+        restored, meta, _ = src.restore(state, step)
+    except (checkpointing.CheckpointError, FileNotFoundError) as e:
+        raise ValueError(f"cannot fork {source} at epoch {step}: {e}") from None
+    finally:
+        src.close()
+    if lead:
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            records = [r for r in log_lib.read_jsonl(os.path.join(source, name))
+                       if int(r.get("epoch", 0)) <= step] \
+                if os.path.exists(os.path.join(source, name)) else []
+            _write_text_atomic(os.path.join(workdir, name), "".join(
+                json.dumps(r, sort_keys=name == "metrics.jsonl", ensure_ascii=False) + "\n"
+                for r in records))
+    history = [h for h in meta.get("history", []) if h.get("epoch", 0) <= step]
+    return run.place(restored), history
 
 
 def train(config: ml_collections.ConfigDict, workdir: str, resume: bool = True,
@@ -142,10 +203,17 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
                         ckpt.all_steps())
         ckpt.delete_all()
     changes = check_resume(config, workdir) if resuming else {}
+    fork = None if resuming else fork_source(config, workdir)
     run = run if run is not None else loop.SocialRL(config)
     state = run.init_state()
     history = []
     restored_epoch = 0
+    if fork is not None:
+        source, restored_epoch, allowed = fork
+        state, history = _start_fork(run, state, workdir, source, restored_epoch, lead)
+        logging.info("forked %s at epoch %d%s", source, restored_epoch,
+                     f" with changed {run_config.format_differences(allowed)}"
+                     if len(allowed) > 1 else "")
     if resuming:
         try:
             restored, meta, step = ckpt.restore_latest_good(state)
