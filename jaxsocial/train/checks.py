@@ -111,6 +111,15 @@ def check(config: ml_collections.ConfigDict) -> None:
                  f"society.feed_comments >= 1")
         except ValueError as e:
             problems.append(str(e))
+    for item in _get(config, "agents.interviews", ()) or ():
+        ok = (isinstance(item, (tuple, list)) and len(item) == 2
+              and isinstance(item[1], str) and item[1].strip())
+        try:
+            ok = ok and 1 <= int(item[0]) <= int(epochs) and int(item[0]) == item[0]
+        except (TypeError, ValueError):
+            ok = False
+        need(bool(ok), f"agents.interviews: {item!r} must be (epoch, question) with an "
+             f"integer epoch in [1, train.epochs={int(epochs)}] and a non-empty question")
     if "agents" in config:
         for key, what in (("agents.personas", "persona"), ("agents.names", "name")):
             texts = _get(config, key, ())

@@ -71,6 +71,10 @@ def base_config() -> ml_collections.ConfigDict:
         action_mode="constrained",
         tool_instruction="",      # tool_call: the prompt's instruction; "" = listing the tools
         actions=("post", "comment", "like", "repost", "follow", "nothing"),
+        # ((epoch, question), ...): after those epochs every LLM agent answers the question in
+        # its own context (persona + current feed), greedily, outside the society (nothing
+        # posted, no reward); the answers go to interviews.jsonl and summary.md.
+        interviews=(),
     ))
     # Passed to jaxsocial.social.state.SocialParams (num_agents is set from agents.num_agents).
     c.society = ml_collections.ConfigDict(dict(

@@ -29,6 +29,7 @@ from flax import nnx
 
 from jaxsocial import models
 from jaxsocial.agents import actions, prompting, tool_calls
+from jaxsocial.generation.generate import generate_from_state
 from jaxsocial.generation.sampling import SamplingConfig
 from jaxsocial.models import checkpoint_hf, llama, zoo
 from jaxsocial.rl import grpo as grpo_lib
@@ -63,6 +64,19 @@ def _load(config):
     return models.load(m.checkpoint or m.preset, dtype=m.dtype, param_dtype=m.param_dtype,
                        tokenizer=config.tokenizer or None, seed=int(config.seed),
                        **run_config.model_switches(m))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 3))
+def _interview_answers(pdef, social_params, template, sampling, params, ref_params, soc, key):
+    """GenerationOutput of every agent's greedy answer to the prompt `template` over the feed
+    it would see in `soc` now (`society.feed`: pure, nothing marked seen)."""
+    agents = jnp.arange(social_params.num_agents, dtype=jnp.int32)
+    feed = society.feed(key, soc, agents, social_params)
+    view = prompting.feed_view(soc.posts, feed.slots, feed.valid,
+                               social_params.feed_comments or None)
+    ids, mask = prompting.assemble(template, agents, view)
+    weights = policy_lib.policy_weights(pdef, params, ref_params)
+    return generate_from_state(pdef.graphdef, weights, ids, mask, key, sampling)
 
 
 class _BindFrozen:
@@ -122,12 +136,8 @@ class SocialRL:
         if self.tool_call:  # the tools and their arguments (agents.tool_instruction: own text)
             instruction = (c.agents.get("tool_instruction", "") or tool_calls.tool_instruction(
                 c.agents.actions, self.social_params.feed_size))
-        self.template = prompting.PromptTemplate.build(
-            self.tokenizer, personas, instruction, c.agents.footer,
-            self.social_params.feed_size, self.social_params.content_len,
-            names=[c.agents.names[i % len(c.agents.names)] for i in range(a)]
-            if c.agents.names else None, newest_comment=bool(c.agents.newest_comment),
-            num_users=self.social_params.num_users, feed_comments=self.social_params.feed_comments)
+        self.personas = personas
+        self.template = self.prompt_template(instruction, c.agents.footer)
         self.vocab = actions.ActionVocab.build(self.tokenizer, c.agents.actions,
                                                self.social_params.feed_size, self.stop_ids,
                                                self.social_params.feed_comments)
@@ -196,6 +206,16 @@ class SocialRL:
 
     # ------------------------------------------------------------------------------------------
     # set-up
+
+    def prompt_template(self, instruction: str, footer: str) -> prompting.PromptTemplate:
+        """The agents' prompt (their personas and feed) with this instruction and footer."""
+        c, sp = self.config, self.social_params
+        a = self.num_agents
+        return prompting.PromptTemplate.build(
+            self.tokenizer, self.personas, instruction, footer, sp.feed_size, sp.content_len,
+            names=[c.agents.names[i % len(c.agents.names)] for i in range(a)]
+            if c.agents.names else None, newest_comment=bool(c.agents.newest_comment),
+            num_users=sp.num_users, feed_comments=sp.feed_comments)
 
     def _build_text(self, c, personas) -> None:
         """The society's text, embedded once by the frozen encoder (`social.text_bank`): the
@@ -552,6 +572,30 @@ class SocialRL:
                         "text": self.tokenizer.decode(toks[a][mask[a]], skip_special_tokens=True),
                         "score": float(sc[a])})
         return out
+
+    def interview(self, state: RunState, question: str, max_new_tokens: int = 48
+                  ) -> List[dict]:
+        """Every LLM agent answers `question` in its own context, outside the society: its
+        persona and the feed the recommender would show it now, with the question in place of
+        the action instruction; greedy decoding by the current policy. Nothing is posted,
+        marked seen or rewarded, and `state` is not changed. Returns one
+        {"epoch", "agent", "persona", "question", "answer"} per agent."""
+        if not str(question).strip():
+            raise ValueError("an interview question must be non-empty")
+        template = self.prompt_template(str(question).strip(), "Your answer:")
+        sampling = SamplingConfig(max_new_tokens=int(max_new_tokens), temperature=0.0,
+                                  stop_token_ids=self.stop_ids, prompt_bucket=template.max_len)
+        epoch = int(sharding.to_host(state.epoch))
+        # The feed's exploration draws from its own key: the run's keys are not touched.
+        key = jax.random.fold_in(jax.random.key(int(self.config.seed) + 15485863), epoch)
+        out = _interview_answers(self.pdef, self.social_params, template, sampling,
+                                 state.train.params, state.train.ref_params, state.society, key)
+        toks, mask = sharding.to_host((out.tokens, out.mask))
+        return [{"epoch": epoch, "agent": a, "persona": self.personas[a],
+                 "question": str(question).strip(),
+                 "answer": self.tokenizer.decode(toks[a][mask[a]],
+                                                 skip_special_tokens=True).strip()}
+                for a in range(self.num_agents)]
 
     def export_policy(self, state: RunState, path: str, write: bool = True,
                       initial: bool = False) -> None:

@@ -115,6 +115,18 @@ def summary_markdown(summary: Mapping[str, Any], title: str = "Social-RL run") -
         for p in posts[:3]:
             text = " ".join(str(p.get("text", "")).split()) or "(empty)"
             lines.append(f"- ({p.get('likes', 0)} likes) {text}")
+    interviews = summary.get("interviews") or {}
+    pairs = [("first", interviews.get("first") or [])]
+    if interviews.get("last") and interviews.get("last") != interviews.get("first"):
+        pairs.append(("last", interviews["last"]))
+    for label, answers in pairs if interviews else ():
+        if not answers:
+            continue
+        lines += ["", f"## Interview, {label} (epoch {answers[0].get('epoch')}): "
+                      f"{answers[0].get('question', '')}", ""]
+        for r in answers:
+            text = " ".join(str(r.get("answer", "")).split()) or "(empty)"
+            lines.append(f"- agent {r.get('agent')}: {text}")
     return "\n".join(lines) + "\n"
 
 

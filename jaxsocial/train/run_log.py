@@ -121,10 +121,11 @@ def _atomic_write_lines(path: str, lines: Iterable[str]) -> None:
 
 
 def cut_logs(workdir: str, epoch: int, tensorboard: bool = True) -> int:
-    """Keep only records of epochs <= `epoch` in metrics.jsonl and samples.jsonl, and rebuild
+    """Keep only records of epochs <= `epoch` in metrics.jsonl, samples.jsonl and
+    interviews.jsonl, and rebuild
     the TensorBoard events from the kept metrics. Returns the number of metric records kept."""
     kept_metrics = []
-    for name in ("metrics.jsonl", "samples.jsonl"):
+    for name in ("metrics.jsonl", "samples.jsonl", "interviews.jsonl"):
         path = os.path.join(workdir, name)
         if not os.path.exists(path):
             continue

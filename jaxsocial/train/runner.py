@@ -37,6 +37,22 @@ def _read_stored_config(path: str) -> Optional[dict]:
         raise ValueError(f"{path} is unreadable ({e}); use a new --workdir or --noresume") from e
 
 
+def _append_jsonl(path: str, records) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_interviews(workdir: str) -> Dict[int, list]:
+    """{epoch: [answer records]} of workdir/interviews.jsonl (empty when there is none)."""
+    path = os.path.join(workdir, "interviews.jsonl")
+    out: Dict[int, list] = {}
+    for r in log_lib.read_jsonl(path) if os.path.exists(path) else []:
+        out.setdefault(int(r["epoch"]), []).append(r)
+    return out
+
+
 def _write_text_atomic(path: str, text: str) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -107,7 +123,7 @@ def fork_source(config: ml_collections.ConfigDict, workdir: str
 
 def _start_fork(run, state, workdir: str, source: str, step: int, lead: bool):
     """The fork's state, history and logs: `source`'s checkpoint `step` restored into this
-    run's structure, its metrics / samples up to `step` copied into `workdir`."""
+    run's structure, its metrics / samples / interviews up to `step` copied into `workdir`."""
     src = checkpointing.Checkpointer(source, keep=1_000_000)  # read only: nothing is saved
     try:
         restored, meta, _ = src.restore(state, step)
@@ -116,7 +132,7 @@ def _start_fork(run, state, workdir: str, source: str, step: int, lead: bool):
     finally:
         src.close()
     if lead:
-        for name in ("metrics.jsonl", "samples.jsonl"):
+        for name in ("metrics.jsonl", "samples.jsonl", "interviews.jsonl"):
             records = [r for r in log_lib.read_jsonl(os.path.join(source, name))
                        if int(r.get("epoch", 0)) <= step] \
                 if os.path.exists(os.path.join(source, name)) else []
@@ -261,6 +277,11 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
             if writer is not None:
                 writer.write(epoch, metrics)
                 writer.write_samples(samples)
+            for e, question in config.agents.get("interviews", ()) or ():
+                if int(e) == epoch:
+                    answers = run.interview(state, question)
+                    if lead:
+                        _append_jsonl(os.path.join(workdir, "interviews.jsonl"), answers)
             history.append({k: record[k] for k in SUMMARY_KEYS} | {"epoch": epoch}
                            | {k: record[k] for k in ("drift", "posts", "worst_post")
                               if k in record})
@@ -295,6 +316,10 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
             summary["repaired"] = repaired
     if os.path.isdir(os.path.join(workdir, "export")):
         summary["export"] = os.path.join(workdir, "export")
+    interviews = read_interviews(workdir) if lead else {}
+    if interviews:  # the first and the last interview, for summary.md
+        summary["interviews"] = {"first": interviews[min(interviews)],
+                                 "last": interviews[max(interviews)]}
     if lead:
         _write_text_atomic(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=2))
         _write_text_atomic(os.path.join(workdir, "summary.md"), report.summary_markdown(
