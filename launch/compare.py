@@ -27,7 +27,8 @@ _PLOT = flags.DEFINE_string("plot", "", "Write the per-epoch plot (PNG) here.")
 FIGURES = (
     ("likes/post", lambda r: r.get("avg_likes_per_post")),
     ("posts", lambda r: r.get("total_posts")),
-    ("total likes", lambda r: (r.get("avg_likes_per_post") or 0) * (r.get("total_posts") or 0)),
+    ("total likes", lambda r: int(round((r.get("avg_likes_per_post") or 0)
+                                        * (r.get("total_posts") or 0)))),
     ("crowd_interest_sim", lambda r: r.get("crowd_interest_sim")),
     ("homophily", lambda r: (r.get("polarisation") or {}).get("homophily")),
     ("modularity", lambda r: (r.get("polarisation") or {}).get("modularity")),
@@ -58,7 +59,7 @@ def load_branch(workdir: str) -> Dict[str, object]:
 def _fmt(v) -> str:
     if v is None:
         return "-"
-    return f"{v:.3f}" if isinstance(v, float) and not float(v).is_integer() else f"{v:g}"
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
 def table(branches: List[Dict[str, object]]) -> str:
