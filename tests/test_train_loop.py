@@ -22,9 +22,10 @@ TIMING = ("tokens_per_s", "ticks_per_s", "rollout_s", "wall_s")
 # (relative to each leaf's largest value), not bit-exactly.
 # 1 vs 8 devices sum in different orders. Adam's first step moves a weight by about
 # lr * g / (|g| + eps): where a gradient is near zero, the order's rounding moves that weight by
-# up to ~2e-4 of its leaf's scale (the row-split projections of the update, llama.py). The
-# negative controls move one element by 1e-3 of the scale: five times this tolerance.
-DEVICE_TOL = dict(rtol=2e-4, atol=2e-4)
+# up to ~2e-4 of its leaf's scale on an AMD EPYC and up to ~4e-4 on an Intel Xeon with AVX-512
+# (one element of a row-split projection, llama.py). The negative controls move one element by
+# 3e-3 of the scale: six times this tolerance.
+DEVICE_TOL = dict(rtol=5e-4, atol=5e-4)
 
 
 def load_config(name, arg=None):
@@ -84,7 +85,7 @@ def assert_trained(before, after, grad_norm):
         assert len(moved) >= 0.9 * len(jax.tree.leaves(after[part])), (part, moved)
 
 
-def perturbed(parts, part="params", delta=1e-3):
+def perturbed(parts, part="params", delta=3e-3):
     """`parts` with one element of one leaf of `part` moved by `delta` times the leaf's scale
     (a negative control for the comparisons)."""
     leaves, tree = jax.tree.flatten(parts[part])
@@ -235,7 +236,7 @@ def test_same_epoch_on_one_and_eight_devices(smoke, eight_device_epoch):
     assert_trained(init1, t1, m1["ppo"]["grad_norm"])
     assert_trained(init8, t8, m8["ppo"]["grad_norm"])
     assert mismatches(t1, t8, **DEVICE_TOL) == []
-    # Negative controls: one weight or moment off by 0.1% of its leaf's scale, or the
+    # Negative controls: one weight or moment off by 0.3% of its leaf's scale, or the
     # untrained state, is rejected by the same comparison.
     for part in ("params", "mu", "nu"):
         assert mismatches(t1, perturbed(t8, part), **DEVICE_TOL), part
