@@ -83,7 +83,9 @@ def row_problems(state: str, results_dir: str) -> list:
             pool += numbers(json.load(f))
     for text, value, half, unit in figs:
         scales = (1.0, SCALES[unit]) if unit else (1.0,)
-        if not any(abs(x - value * k) <= half * k * (1 + 1e-9) for x in pool for k in scales):
+        # Magnitudes: the text's sign ('-0.012', 'down 0.012') is not part of the figure.
+        if not any(abs(abs(x) - value * k) <= half * k * (1 + 1e-9) for x in pool
+                   for k in scales):
             problems.append(f"{text!r} is in none of {names}")
     return problems
 
