@@ -326,38 +326,33 @@ def _matches(key: str, patterns) -> bool:
     return any(key == s or (s.endswith(".") and key.startswith(s)) for s in patterns)
 
 
-def _safe(key: str) -> bool:
-    return _matches(key, SAFE_ON_RESUME)
+def _differences(stored: Dict[str, Any], config: ml_collections.ConfigDict, may_change
+                 ) -> Tuple[Dict[str, Tuple[Any, Any]], Dict[str, Tuple[Any, Any]]]:
+    """(allowed, refused) differences {key: (stored value, new value)} between a stored
+    config.json and `config`, allowed where the key matches `may_change`; a missing key is
+    None, and the renamed keys an older config.json still holds are ignored."""
+    old, new = _flat(stored), _flat(as_plain(config))
+    for name in RENAMED:  # an older config.json holds these beside their new keys
+        old.pop(f"rl.{name}", None)
+    allowed, refused = {}, {}
+    for key in sorted(set(old) | set(new)):
+        if key in IGNORED_ON_RESUME or old.get(key) == new.get(key):
+            continue
+        (allowed if _matches(key, may_change) else refused)[key] = (old.get(key), new.get(key))
+    return allowed, refused
 
 
 def fork_differences(stored: Dict[str, Any], config: ml_collections.ConfigDict
                      ) -> Tuple[Dict[str, Tuple[Any, Any]], Dict[str, Tuple[Any, Any]]]:
     """(allowed, refused) differences {key: (the source run's value, the fork's)} between the
     config.json of the run a fork starts from and the fork's config (`FORK_MAY_CHANGE`)."""
-    old, new = _flat(stored), _flat(as_plain(config))
-    for name in RENAMED:
-        old.pop(f"rl.{name}", None)
-    allowed, refused = {}, {}
-    for key in sorted(set(old) | set(new)):
-        if key in IGNORED_ON_RESUME or old.get(key) == new.get(key):
-            continue
-        (allowed if _matches(key, FORK_MAY_CHANGE) else refused)[key] = (old.get(key),
-                                                                         new.get(key))
-    return allowed, refused
+    return _differences(stored, config, FORK_MAY_CHANGE)
 
 
 def resume_differences(stored: Dict[str, Any], config: ml_collections.ConfigDict
                        ) -> Tuple[Dict[str, Tuple[Any, Any]], Dict[str, Tuple[Any, Any]]]:
     """(safe, unsafe) differences {key: (stored value, new value)}; a missing key is None."""
-    old, new = _flat(stored), _flat(as_plain(config))
-    for name in RENAMED:  # an older config.json holds these beside their new keys
-        old.pop(f"rl.{name}", None)
-    safe, unsafe = {}, {}
-    for key in sorted(set(old) | set(new)):
-        if key in IGNORED_ON_RESUME or old.get(key) == new.get(key):
-            continue
-        (safe if _safe(key) else unsafe)[key] = (old.get(key), new.get(key))
-    return safe, unsafe
+    return _differences(stored, config, SAFE_ON_RESUME)
 
 
 def format_differences(diffs: Dict[str, Tuple[Any, Any]], limit: int = 6) -> str:

@@ -131,14 +131,10 @@ def _start_fork(run, state, workdir: str, source: str, step: int, lead: bool):
         raise ValueError(f"cannot fork {source} at epoch {step}: {e}") from None
     finally:
         src.close()
-    if lead:
+    if lead:  # the source's logs whole; the caller's cut_logs keeps the epochs up to `step`
         for name in ("metrics.jsonl", "samples.jsonl", "interviews.jsonl"):
-            records = [r for r in log_lib.read_jsonl(os.path.join(source, name))
-                       if int(r.get("epoch", 0)) <= step] \
-                if os.path.exists(os.path.join(source, name)) else []
-            _write_text_atomic(os.path.join(workdir, name), "".join(
-                json.dumps(r, sort_keys=name == "metrics.jsonl", ensure_ascii=False) + "\n"
-                for r in records))
+            if os.path.exists(os.path.join(source, name)):
+                shutil.copyfile(os.path.join(source, name), os.path.join(workdir, name))
     history = [h for h in meta.get("history", []) if h.get("epoch", 0) <= step]
     return run.place(restored), history
 
