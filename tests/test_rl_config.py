@@ -108,6 +108,17 @@ def test_renamed_keys_are_one_error_naming_the_new_key():
     assert "rl.learning_rate" in run_config.resume_differences(stored, c)[1]
 
 
+def test_a_key_added_after_a_run_does_not_refuse_its_resume():
+    """A config.json written before a key existed resumes while the key stays at its default;
+    the same key set to anything else is refused."""
+    c = run_config.base_config()
+    stored = run_config.as_plain(c)
+    del stored["agents"]["interviews"], stored["train"]["fork_from"]
+    assert run_config.resume_differences(stored, c) == ({}, {})
+    c.agents.interviews = ("What do you post about?",)  # control: a real change
+    assert "agents.interviews" in run_config.resume_differences(stored, c)[1]
+
+
 def test_placeholder_fields_override_from_the_command_line():
     """Optional fields (None by default) are typed placeholders: --config.rl.x=... sets them."""
     import os

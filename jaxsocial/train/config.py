@@ -5,7 +5,8 @@ override what they need), the helpers that read a block (`society_fields`, `mode
 that run before anything is built are `train.checks.check`.
 
 Adding a config key: declare it with its default and a comment in `base_config`, check it in
-`train.checks.check` if a value can be wrong, list it in `SAFE_ON_RESUME` if it may change on
+`train.checks.check` if a value can be wrong (its default must keep the behaviour from before
+the key, so runs stored without it still resume), list it in `SAFE_ON_RESUME` if it may change on
 resume, and read it where it is used (docs/architecture.md).
 
 `resume_differences(stored, config)` compares the config a workdir was trained with
@@ -330,13 +331,18 @@ def _differences(stored: Dict[str, Any], config: ml_collections.ConfigDict, may_
                  ) -> Tuple[Dict[str, Tuple[Any, Any]], Dict[str, Tuple[Any, Any]]]:
     """(allowed, refused) differences {key: (stored value, new value)} between a stored
     config.json and `config`, allowed where the key matches `may_change`; a missing key is
-    None, and the renamed keys an older config.json still holds are ignored."""
+    None, and the renamed keys an older config.json still holds are ignored. A key the stored
+    config lacks (it was added to `base_config` after that run) is no difference while the new
+    config leaves it at its default: a new key's default is the behaviour from before it."""
     old, new = _flat(stored), _flat(as_plain(config))
+    defaults = _flat(as_plain(base_config()))
     for name in RENAMED:  # an older config.json holds these beside their new keys
         old.pop(f"rl.{name}", None)
     allowed, refused = {}, {}
     for key in sorted(set(old) | set(new)):
         if key in IGNORED_ON_RESUME or old.get(key) == new.get(key):
+            continue
+        if key not in old and key in defaults and new.get(key) == defaults[key]:
             continue
         (allowed if _matches(key, may_change) else refused)[key] = (old.get(key), new.get(key))
     return allowed, refused
