@@ -101,20 +101,20 @@ OASIS_CANNOT = {
 }
 
 
-def _config(n):
-    spec = importlib.util.spec_from_file_location("million", os.path.join(ROOT, "configs",
+def _config(n, root=ROOT):
+    spec = importlib.util.spec_from_file_location("million", os.path.join(root, "configs",
                                                                             "million.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.society_config(n)
 
 
-def measure(n: int, ticks: int, peer: bool, recsys: str = "twitter") -> dict:
+def measure(n: int, ticks: int, peer: bool, recsys: str = "twitter", root: str = ROOT) -> dict:
     import jax
 
     from jaxsocial.social import metrics, society
 
-    params = society.make_params(**{**dict(_config(n)), "recsys": recsys})
+    params = society.make_params(**{**dict(_config(n, root)), "recsys": recsys})
     t0 = time.perf_counter()
     state = jax.block_until_ready(society.reset(jax.random.key(0), params))
     reset_s = time.perf_counter() - t0
@@ -137,7 +137,8 @@ def measure(n: int, ticks: int, peer: bool, recsys: str = "twitter") -> dict:
     m = jax.block_until_ready(measure(state, info))
     metrics_s = time.perf_counter() - t0
     out = dict(n=n, recsys=recsys, seconds_per_tick=statistics.median(times), first_tick_s=first_s,
-               reset_s=reset_s, metrics_s=metrics_s, active=int(m["active_crowd"]),
+               reset_s=reset_s, metrics_s=metrics_s, **_instruments(state, params, ticks),
+               active=int(m["active_crowd"]),
                actions=int(m["action_counts"].sum()),
                peak_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
     if peer:  # OASIS's dense personalized recsys formula: all users x all posts, then top-k
@@ -155,6 +156,31 @@ def measure(n: int, ticks: int, peer: bool, recsys: str = "twitter") -> dict:
             jax.block_until_ready(dense(*args))
             dense_t.append(time.perf_counter() - t0)
         out["dense_recsys_s"] = statistics.median(dense_t)
+    return out
+
+
+def _instruments(state, params, calls: int) -> dict:
+    """Seconds (median of `calls` after a compile call) of the per-epoch instruments on the
+    society after the timed ticks: `cascades_s` (`social.cascades` of every post) and
+    `polarisation_s` (`social.polarisation.summary`). Empty where the code has no instruments
+    (a --baseline before them)."""
+    import jax
+    try:
+        from jaxsocial.social import cascades, polarisation
+    except ImportError:
+        return {}
+    fns = {"cascades_s": (jax.jit(cascades.cascades), (state.posts,)),
+           "polarisation_s": (jax.jit(functools.partial(polarisation.summary, params=params)),
+                              (jax.random.key(7), state))}
+    out = {}
+    for name, (f, args) in fns.items():
+        jax.block_until_ready(f(*args))
+        times = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(*args))
+            times.append(time.perf_counter() - t0)
+        out[name] = statistics.median(times)
     return out
 
 
@@ -512,6 +538,11 @@ def main():
     ap.add_argument("--oasis_worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--baseline", default="",
+                    help="git revision: also time its code (a temporary git worktree, its own "
+                         "configs/million.py) at every size, in the same run, and print "
+                         "baseline / ours")
+    ap.add_argument("--root", default=ROOT, help=argparse.SUPPRESS)
     ap.add_argument("--no_record", action="store_true", help=NO_RECORD_HELP)
     a = ap.parse_args()
     if a.oasis_worker:
@@ -526,35 +557,25 @@ def main():
             main_recsys(a)
         return
     if a.one:
-        print(json.dumps(measure(a.one, a.ticks, a.peer, a.recsys[0])))
+        if a.root != ROOT:  # --baseline's child: that revision's package and configs
+            sys.path.insert(0, a.root)
+        print(json.dumps(measure(a.one, a.ticks, a.peer, a.recsys[0], a.root)))
         return
     import numpy as np
+    baseline = _baseline_tree(a.baseline) if a.baseline else None
     rows = []
-    for i, (n, rs) in enumerate((n, rs) for n in a.sizes for rs in a.recsys):
-        cmd = [sys.executable, __file__, "--one", str(n), "--ticks", str(a.ticks),
-               "--recsys", rs]
-        if i == 0 and n <= 20_000:  # the dense peer's users x posts matrix is 4 N^2 bytes
-            cmd.append("--peer")
-        res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-        if res.returncode != 0:
-            sys.exit(f"n={n} recsys={rs} failed:\n{res.stderr[-3000:]}")
-        row = json.loads(res.stdout.strip().splitlines()[-1])
-        rows.append(row)
-        print(f"n={n:>9,d} recsys={rs:<7s} active={row['active']:>7,d} "
-              f"actions={row['actions']:>8,d} "
-              f"seconds_per_tick={row['seconds_per_tick']:.4f} "
-              f"(first tick incl. compile {row['first_tick_s']:.1f} s, reset {row['reset_s']:.1f}"
-              f" s, metrics {row['metrics_s']:.3f} s) peak_rss_gb={row['peak_rss_gb']:.2f}",
-              flush=True)
-        if "dense_recsys_s" in row:
-            print(f"  peer at n={n:,d} ({DENSE_PEER}): dense users x posts recsys alone "
-                  f"{row['dense_recsys_s']:.4f} s; our whole tick / dense recsys = "
-                  f"{row['seconds_per_tick'] / row['dense_recsys_s']:.3f}", flush=True)
-        if rs == a.recsys[-1] and len(a.recsys) > 1:
-            base = rows[-len(a.recsys)]
-            print(f"  n={n:,d} seconds_per_tick / {a.recsys[0]}'s: " + " ".join(
-                f"{r['recsys']}={r['seconds_per_tick'] / base['seconds_per_tick']:.2f}"
-                for r in rows[-len(a.recsys):]), flush=True)
+    try:
+        for i, (n, rs) in enumerate((n, rs) for n in a.sizes for rs in a.recsys):
+            row = _one(n, rs, a.ticks, peer=i == 0 and n <= 20_000)  # dense peer: 4 N^2 bytes
+            if baseline:
+                b = _one(n, rs, a.ticks, peer=False, root=baseline)
+                row["baseline"] = {"revision": a.baseline, **b}
+            rows.append(row)
+            _print_row(row, rows, a.recsys)
+    finally:
+        if baseline:
+            subprocess.run(["git", "worktree", "remove", "--force", baseline], cwd=ROOT,
+                           capture_output=True)
     all_rows = rows
     rows = [r for r in rows if r["recsys"] == a.recsys[-1]]
     x = np.log([r["n"] for r in rows])
@@ -566,9 +587,64 @@ def main():
     figures = {"mode": "tick", "n": last["n"], "recsys": last["recsys"],
                "seconds_per_tick": last["seconds_per_tick"], "peak_rss_gb": last["peak_rss_gb"],
                "slope": slope, "rows": all_rows}
+    for k in ("cascades_s", "polarisation_s"):
+        if k in last:
+            figures[k] = last[k]
+    if "baseline" in last:
+        figures["baseline_revision"] = a.baseline
+        figures["baseline_seconds_per_tick"] = last["baseline"]["seconds_per_tick"]
+        figures["baseline_over_ours"] = (last["baseline"]["seconds_per_tick"]
+                                         / last["seconds_per_tick"])
     if any("dense_recsys_s" in r for r in all_rows):
         figures["peer"] = DENSE_PEER
     finish("society_scale", figures, record=not a.no_record)
+
+
+def _baseline_tree(rev: str) -> str:
+    """A temporary detached git worktree of `rev` (removed after the run)."""
+    import tempfile
+    path = os.path.join(tempfile.mkdtemp(prefix="society_scale_baseline_"), "tree")
+    res = subprocess.run(["git", "worktree", "add", "--detach", path, rev], cwd=ROOT,
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        sys.exit(f"--baseline={rev!r}: git worktree add failed: {res.stderr.strip()}")
+    return path
+
+
+def _one(n: int, rs: str, ticks: int, peer: bool, root: str = ROOT) -> dict:
+    """One size and recommender in its own process (peak RSS per size); `root`: the code."""
+    cmd = [sys.executable, __file__, "--one", str(n), "--ticks", str(ticks), "--recsys", rs,
+           "--root", root] + (["--peer"] if peer else [])
+    env = dict(os.environ, PYTHONPATH=root)
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env=env)
+    if res.returncode != 0:
+        sys.exit(f"n={n} recsys={rs} ({root}) failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _print_row(row: dict, rows: list, recsys: list) -> None:
+    n, rs = row["n"], row["recsys"]
+    inst = "".join(f", {k[:-2]} {row[k]:.3f} s" for k in ("cascades_s", "polarisation_s")
+                   if k in row)
+    print(f"n={n:>9,d} recsys={rs:<7s} active={row['active']:>7,d} "
+          f"actions={row['actions']:>8,d} seconds_per_tick={row['seconds_per_tick']:.4f} "
+          f"(first tick incl. compile {row['first_tick_s']:.1f} s, reset {row['reset_s']:.1f}"
+          f" s, metrics {row['metrics_s']:.3f} s{inst}) peak_rss_gb={row['peak_rss_gb']:.2f}",
+          flush=True)
+    if "baseline" in row:
+        b = row["baseline"]
+        print(f"  baseline {b['revision']}: seconds_per_tick={b['seconds_per_tick']:.4f}; "
+              f"baseline / ours = {b['seconds_per_tick'] / row['seconds_per_tick']:.3f}",
+              flush=True)
+    if "dense_recsys_s" in row:
+        print(f"  peer at n={n:,d} ({DENSE_PEER}): dense users x posts recsys alone "
+              f"{row['dense_recsys_s']:.4f} s; our whole tick / dense recsys = "
+              f"{row['seconds_per_tick'] / row['dense_recsys_s']:.3f}", flush=True)
+    if rs == recsys[-1] and len(recsys) > 1:
+        base = rows[-len(recsys)]
+        print(f"  n={n:,d} seconds_per_tick / {recsys[0]}'s: " + " ".join(
+            f"{r['recsys']}={r['seconds_per_tick'] / base['seconds_per_tick']:.2f}"
+            for r in rows[-len(recsys):]), flush=True)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,22 @@ def test_shuffle_keeps_degrees_and_removes_homophily():
     assert not (np.asarray(other.following) == b).all()  # the key decides the shuffle
 
 
+def test_shuffled_homophily_is_the_mean_over_shuffles():
+    """The closed form equals NumPy's (mean follower interest) . (mean followee interest) over
+    the edges, and the mean homophily of many drawn shuffles; the graph's own homophily (the
+    camps) is not it (negative control)."""
+    users, graph, _ = society(camps=True)
+    interest, following = np.asarray(users.interest), np.asarray(graph.following)
+    src, dst = np.nonzero(following >= 0)[0], following[following >= 0]
+    expected = interest[src].mean(0) @ interest[dst].mean(0)
+    got = float(jax.jit(pol.homophily_shuffled)(users, graph))
+    assert np.isclose(got, expected, atol=1e-5)
+    draws = jax.vmap(lambda k: pol.homophily(users, pol.shuffled_followees(k, graph)))(
+        jax.random.split(jax.random.key(5), 200))
+    assert abs(float(jnp.mean(draws)) - got) < 4 * float(jnp.std(draws)) / np.sqrt(200) + 1e-4
+    assert float(pol.homophily(users, graph)) > got + 0.3
+
+
 def test_planted_camps_against_a_graph_that_ignores_interests():
     (u1, g1, _), (u0, g0, _) = society(camps=True), society(camps=False)
     side1, side0 = pol.interest_split(u1), pol.interest_split(u0)

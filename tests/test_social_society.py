@@ -287,3 +287,34 @@ def test_float_params_are_traced_and_sweep_under_vmap():
     compiled = society.reset._cache_size()
     society.reset(jax.random.key(0), PARAMS.replace(activation_rate=0.44, like_bias=-1.0))
     assert society.reset._cache_size() == compiled
+
+
+def test_content_budget_draws_content_for_the_creating_rows_only():
+    """With `content_budget` the crowd's created posts get the same kind of content (unit
+    embeddings near the author's interest) and every other action is unchanged in kind; a budget
+    smaller than the tick's creating rows drops the rest and counts them (negative control)."""
+    def crowd_tick(**kw):
+        params = PARAMS.replace(**kw) if kw else PARAMS
+        s0 = society.reset(jax.random.key(0), params)
+        s1, info = jax.jit(functools.partial(society.step, params=params))(
+            jax.random.key(7), s0, None)
+        return jax.device_get((s0, s1, info.crowd))
+
+    _, s_all, c_all = crowd_tick()
+    s0, s1, c = crowd_tick(content_budget=64)
+    def created(c):
+        return int(sum(c.apply.type_counts[t] for t in (T.CREATE_POST, T.QUOTE_POST,
+                                                         T.CREATE_COMMENT)))
+
+    assert created(c) == created(c_all) > 5 and int(c.event_overflow) == 0
+    assert int(c.apply.type_counts[T.LIKE_POST]) == int(c_all.apply.type_counts[T.LIKE_POST])
+    new = (s1.posts.id != s0.posts.id) & (s1.posts.author >= A) & (
+        s1.posts.kind == PostKind.POST)
+    emb = s1.posts.embedding[new]
+    assert new.sum() > 5 and np.allclose(np.linalg.norm(emb, axis=-1), 1.0, atol=1e-5)
+    cos = np.sum(emb * s1.users.interest[s1.posts.author[new]], -1)
+    assert cos.mean() > 0.5  # interest + noise, not zeros or another user's
+    _, _, small = crowd_tick(content_budget=2)
+    assert created(small) == 2 and int(small.event_overflow) == created(c_all) - 2
+    with pytest.raises(ValueError, match="content_budget"):
+        society.make_params(num_users=200, crowd_budget=16, content_budget=17)

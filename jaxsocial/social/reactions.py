@@ -15,7 +15,9 @@ p_comment) the feed item argmax_k(cos + Gumbel), follow that item's author (p_fo
 followed yet and the user's followee row has room.  Posts already liked/disliked by the user are
 not reacted to again.  The events are compacted into one `ActionBatch` of `crowd_budget` rows
 (overflow counted) and applied with `apply_actions`, so the crowd obeys exactly the rules the
-LLM agents do.
+LLM agents do.  With `content_budget` > 0, the text or embedding of created posts is drawn for
+at most that many rows (the batch's first creating rows; later ones are dropped and counted as
+overflow) instead of for every row of the batch: at 1e6 users about 8,000 of 240,000 rows.
 
 Text: with a `text_bank.CrowdText` in `state.text`, a crowd post copies the tokens and embedding
 of a bank post drawn by its author's interest, a comment / quote those of a comment-bank entry
@@ -49,7 +51,8 @@ class CrowdInfo:
     apply: ApplyInfo  # of the crowd's action batch
     num_active: jax.Array  # [] int32 crowd users that acted this tick
     active_overflow: jax.Array  # [] int32 activations dropped (more than max_active)
-    event_overflow: jax.Array  # [] int32 crowd actions dropped (more than crowd_budget)
+    event_overflow: jax.Array  # [] int32 crowd actions dropped (over crowd_budget or
+    #                            content_budget)
     feed_fill: jax.Array  # [] float32 mean share of valid feed slots among active users
 
 
@@ -130,8 +133,25 @@ def crowd_step(key: jax.Array, state: SocialState, params: SocialParams
     btype, bactor, btarget = ev_type[sel], ev_actor[sel], ev_target[sel]
 
     has_parent = (btype == T.QUOTE_POST) | (btype == T.CREATE_COMMENT)
-    parent_emb = posts.embedding[posts.slot(btarget)]
-    content, emb = _crowd_content(k_emb, state, params, btype, bactor, has_parent, parent_emb)
+    creates = valid & ((btype == T.CREATE_POST) | has_parent)
+    rows = params.content_budget
+    content_over = jnp.zeros((), jnp.int32)
+    if 0 < rows < budget:  # draw content for the creating rows only; the rest are dropped
+        rank = jnp.cumsum(creates, dtype=jnp.int32) - 1
+        keep = ~creates | (rank < rows)
+        content_over = jnp.sum(~keep, dtype=jnp.int32)
+        valid = valid & keep
+        (crow,) = jnp.nonzero(creates & keep, size=rows, fill_value=budget)
+        c = jnp.minimum(crow, budget - 1)
+        c_content, c_emb = _crowd_content(k_emb, state, params, btype[c], bactor[c],
+                                          has_parent[c], posts.embedding[posts.slot(btarget[c])])
+        content = jnp.full((budget, params.content_len), PAD_TOKEN, jnp.int32).at[crow].set(
+            c_content, mode="drop")
+        emb = jnp.zeros((budget, params.embed_dim), jnp.float32).at[crow].set(c_emb, mode="drop")
+    else:
+        parent_emb = posts.embedding[posts.slot(btarget)]
+        content, emb = _crowd_content(k_emb, state, params, btype, bactor, has_parent,
+                                      parent_emb)
     batch = ActionBatch(type=btype, actor=bactor, target=btarget, content=content,
                         embedding=emb, valid=valid)
     finish = None
@@ -141,7 +161,7 @@ def crowd_step(key: jax.Array, state: SocialState, params: SocialParams
     state, info = apply_and_update(state, batch, params, finish)
     fill = jnp.sum(feed.valid & uok[:, None]) / jnp.maximum(num_active * k, 1)
     return state, CrowdInfo(apply=info, num_active=num_active, active_overflow=act_over,
-                            event_overflow=jnp.maximum(total - budget, 0),
+                            event_overflow=jnp.maximum(total - budget, 0) + content_over,
                             feed_fill=fill.astype(jnp.float32))
 
 

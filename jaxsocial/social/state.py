@@ -103,6 +103,9 @@ class SocialParams:
     crowd: bool = _static(True)
     max_active: int = _static(256)  # capacity of the active-crowd batch per tick
     crowd_budget: int = _static(2048)  # capacity of the crowd action batch per tick
+    # capacity of the batch rows that create content (post / quote / comment); their text or
+    # embedding is drawn for these rows only. 0: every row of the batch (no bound).
+    content_budget: int = _static(0)
     # float leaves ------------------------------------------------------------------------------
     # population
     interest_noise: float = 0.5  # interest = normalize(persona_center + noise * z)
@@ -166,6 +169,8 @@ class SocialParams:
             ("max_active", self.max_active, self.max_active >= 1),
             ("crowd_budget", self.crowd_budget,
              1 <= self.crowd_budget <= self.post_capacity),
+            ("content_budget", self.content_budget,
+             0 <= self.content_budget <= self.crowd_budget),
             ("num_users * 8", self.num_users * 8, self.num_users * 8 < 2**31),
         ]
         choices = {"recsys": RECSYS_NAMES}
