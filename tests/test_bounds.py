@@ -201,12 +201,12 @@ def test_prompt_len_bounds_the_built_template():
              smoke(**{"agents.newest_comment": False, "society.num_users": 10 ** 8})]
     for c in cases:
         s = c.society
-        instruction = c.agents.instruction
-        if c.agents.action_mode == "tool_call":
-            from jaxsocial.agents import tool_calls
-            instruction = tool_calls.tool_instruction(c.agents.actions, s.feed_size)
+        from jaxsocial.agents import tool_calls
+        from jaxsocial.train import config as run_config
+        instruction, footer = run_config.prompt_text(
+            c, lambda: tool_calls.tool_instruction(c.agents.actions, s.feed_size))
         built = prompting.PromptTemplate.build(
-            tok, list(c.agents.personas), instruction, c.agents.footer, s.feed_size,
+            tok, list(c.agents.personas), instruction, footer, s.feed_size,
             s.content_len, newest_comment=bool(c.agents.newest_comment),
             num_users=s.num_users, feed_comments=s.get("feed_comments", 0)).max_len
         bound = bounds.shapes(c).prompt_len

@@ -199,6 +199,35 @@ def test_tool_instruction_lists_the_configured_tools():
     assert "repost" not in text and "[1] to [4]" in text
 
 
+def test_tool_instruction_ends_with_one_example_call_that_parses():
+    acts = ("post", "like", "follow", "nothing")
+    text = aa.tool_instruction(acts, 4)
+    last = text.splitlines()[-1]
+    assert text.splitlines()[-2] == "Example answer:" and last == aa.example_call(acts)
+    assert aa.parse_tool_call_text(last, acts, 4)[:2] == (aa.FAIL_OK, "post")
+    assert aa.parse_tool_call_text(aa.example_call(("like", "nothing")), ("like", "nothing"),
+                                   4)[:3] == (aa.FAIL_OK, "like", 1)
+    assert "Example answer" not in aa.tool_instruction(acts, 4, example=False)  # control
+
+
+def test_tool_call_mode_prompt_and_temperature_from_the_config():
+    from jaxsocial.train import checks
+    from jaxsocial.train import config as run_config
+    c = run_config.base_config()
+    listing = lambda: "TOOLS"  # noqa: E731
+    c.rollout.tool_call_temperature = 0.3
+    assert run_config.prompt_text(c, listing) == (c.agents.instruction, c.agents.footer)
+    assert run_config.temperature(c) == c.rollout.temperature  # not in tool_call mode
+    c.agents.action_mode = "tool_call"
+    assert run_config.prompt_text(c, listing) == ("TOOLS", aa.TOOL_FOOTER)
+    assert run_config.temperature(c) == 0.3
+    c.rollout.tool_call_temperature = None
+    assert run_config.temperature(c) == c.rollout.temperature
+    c.rollout.tool_call_temperature = -0.5
+    with pytest.raises(ValueError, match=r"rollout.tool_call_temperature=-0.5"):
+        checks.check(c)
+
+
 def test_tool_call_rollout_counts_failures_by_kind(monkeypatch):
     """The loop in tool_call mode: the prompt lists the tools, the rollout records each
     answer's failure kind, and the epoch's metrics count them."""

@@ -49,10 +49,29 @@ _ARG_HELP = {
 _INT_MAX = 10 ** 7  # integer arguments are clamped here (any label is far below)
 
 
+EXAMPLE_POST = "Good morning, everyone!"  # the example call's text: no topic of any crowd
+TOOL_FOOTER = "Your tool call (JSON):"  # tool_call mode's footer (agents.tool_footer)
+
+
+def example_call(actions: Union[str, Sequence[str]]) -> str:
+    """The one example answer `tool_instruction` shows: a create_post call with
+    `EXAMPLE_POST` when posting is a tool, else the first tool's call with label 1 (and
+    `EXAMPLE_POST` as any text argument), written as a model would answer."""
+    import json
+    kws = resolve(actions)
+    kw = "post" if "post" in kws else kws[0]
+    name, iarg, targ = TOOL_ARGS[kw]
+    args = {**({iarg: 1} if iarg else {}), **({targ: EXAMPLE_POST} if targ else {})}
+    return json.dumps({"name": name, **({"arguments": args} if args else {})})
+
+
 def tool_instruction(actions: Union[str, Sequence[str]], feed_size: int,
-                     intro: str = "You are on a social network. Your feed is below.") -> str:
-    """The prompt's instruction in tool_call mode: the answer format and one line per tool of
-    `actions` (`resolve`) with its arguments, e.g. `- like_post(post_id: int): ...`."""
+                     intro: str = "You are on a social network. Your feed is below.",
+                     example: bool = True) -> str:
+    """The prompt's instruction in tool_call mode: the answer format, one line per tool of
+    `actions` (`resolve`) with its arguments, e.g. `- like_post(post_id: int): ...`, and (with
+    `example`) one whole example answer (`example_call`) on its last line. A one-example prompt
+    is what lets a small model answer in JSON at all: docs/society.md, "Tool calls"."""
     lines = [intro.strip(), "Answer with exactly one tool call in JSON, for example "
              '{"name": "like_post", "arguments": {"post_id": 1}}. Tools:']
     for kw in resolve(actions):
@@ -61,6 +80,8 @@ def tool_instruction(actions: Union[str, Sequence[str]], feed_size: int,
         helps = "; ".join(f"{a} = {_ARG_HELP[a]}" for a in (iarg, targ) if a)
         lines.append(f"- {name}({', '.join(args)})" + (f": {helps}" if helps else ""))
     lines.append(f"Posts are numbered [1] to [{feed_size}].")
+    if example:
+        lines += ["Example answer:", example_call(actions)]
     return "\n".join(lines)
 
 

@@ -172,12 +172,9 @@ def shapes(config, count: Optional[Callable[[str], int]] = None) -> Shapes:
     corpus = text_bank.load_corpus(_get(config, "crowd_text.path", "") or None)
     interest = max((count(" " + t) for t in corpus.interests), default=0)
     feed = int(s.feed_size)
-    instruction = str(_get(config, "agents.instruction", "") or "")
-    if _get(config, "agents.action_mode", "constrained") == "tool_call":
-        instruction = str(_get(config, "agents.tool_instruction", "") or "") or \
-            tool_calls.tool_instruction(config.agents.actions, feed)
-    fixed = (CHAT_TEMPLATE_TOKENS + count(instruction + "\n")
-             + count(str(_get(config, "agents.footer", "") or "")))
+    instruction, footer = run_config.prompt_text(
+        config, lambda: tool_calls.tool_instruction(config.agents.actions, feed))
+    fixed = CHAT_TEMPLATE_TOKENS + count(instruction + "\n") + count(footer)
     # The longest displayed name: an agent's, or " user" + an id's 3-digit groups.
     names = list(_get(config, "agents.names", ()) or ())
     if not names:

@@ -94,6 +94,8 @@ def check(config: ml_collections.ConfigDict) -> None:
     need(1 <= buckets <= new, f"rollout.decode_buckets={_get(config, 'rollout.decode_buckets')} "
          f"must be in [1, {new}] (at most one decode segment per new token)")
     at_least("rollout.temperature", 0, 1.0)
+    if _get(config, "rollout.tool_call_temperature") is not None:
+        at_least("rollout.tool_call_temperature", 0, 1.0)
     at_least("rl.num_minibatches", 1, 1)
     at_least("rl.ppo_epochs", 1, 1)
     at_least("rl.learning_rate", 0, 0.0)

@@ -23,6 +23,7 @@ from typing import Any, Dict, Tuple
 
 import ml_collections
 
+from jaxsocial.agents.tool_calls import TOOL_FOOTER
 from jaxsocial.rl import config as rl_classes
 
 PERSONAS = (
@@ -71,6 +72,8 @@ def base_config() -> ml_collections.ConfigDict:
         # JSON function call, parsed leniently; failures counted by kind)
         action_mode="constrained",
         tool_instruction="",      # tool_call: the prompt's instruction; "" = listing the tools
+        #                           and one example call (agents.tool_calls.tool_instruction)
+        tool_footer=TOOL_FOOTER,  # tool_call: the prompt's footer (in place of `footer`)
         actions=("post", "comment", "like", "repost", "follow", "nothing"),
         # ((epoch, question), ...): after those epochs every LLM agent answers the question in
         # its own context (persona + current feed), greedily, outside the society (nothing
@@ -89,6 +92,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout = ml_collections.ConfigDict(dict(
         ticks_per_epoch=8, max_new_tokens=16, temperature=0.7, top_k=0, top_p=1.0,
         decode_buckets=1))  # SamplingConfig.decode_buckets: > 1 pays for long responses only
+    # The sampling temperature in tool_call mode (None: rollout.temperature): a small model
+    # writes valid JSON far more often when it samples colder.
+    c.rollout.tool_call_temperature = ml_collections.config_dict.placeholder(float)
     c.reward = ml_collections.ConfigDict(dict(
         horizon=4,           # H ticks after creation
         settle=True,         # H-1 crowd-only ticks end each epoch so every post sees its horizon
@@ -260,6 +266,26 @@ def model_switches(m) -> dict:
                 scan_layers=bool(m.get("scan_layers", False)))
 
 
+def temperature(config) -> float:
+    """The rollout's sampling temperature: `rollout.tool_call_temperature` in tool_call mode
+    when set, else `rollout.temperature`."""
+    t = _get(config, "rollout.tool_call_temperature")
+    if _get(config, "agents.action_mode") == "tool_call" and t is not None:
+        return float(t)
+    return float(config.rollout.temperature)
+
+
+def prompt_text(config, tool_instruction) -> Tuple[str, str]:
+    """(instruction, footer) of the agents' prompt: `agents.instruction` / `agents.footer`, or in
+    tool_call mode `agents.tool_instruction` (default: `tool_instruction()`, the caller's
+    listing of the tools) and `agents.tool_footer`."""
+    footer = str(_get(config, "agents.footer", "") or "")
+    if _get(config, "agents.action_mode") != "tool_call":
+        return str(_get(config, "agents.instruction", "") or ""), footer
+    return (str(_get(config, "agents.tool_instruction", "") or "") or tool_instruction(),
+            str(_get(config, "agents.tool_footer", "") or footer))
+
+
 def rl_config(config: ml_collections.ConfigDict, active: int):
     """The run's PPOConfig / GRPOConfig from `config.rl` (`from_run_config`), sampling from
     `config.rollout`, PPO's reward_norm from `config.reward.normalize`; `active` agents per
@@ -269,7 +295,7 @@ def rl_config(config: ml_collections.ConfigDict, active: int):
     group = int(_get(c, "rl.group_size", 0) or 0) or active
     return from_run_config(
         c.rl, loop_keys=("value_mode", "lora_rank", "lora_alpha"), stop_token_ids=(),
-        temperature=float(c.rollout.temperature), top_k=int(c.rollout.top_k),
+        temperature=temperature(c), top_k=int(c.rollout.top_k),
         top_p=float(c.rollout.top_p), group_size=group,
         reward_norm="running" if _get(c, "reward.normalize") == "running" else "none")
 

@@ -132,12 +132,11 @@ class SocialRL:
             raise ValueError(f"society.num_users={self.social_params.num_users} < "
                              f"agents.num_agents={a}")
         personas = [c.agents.personas[i % len(c.agents.personas)] for i in range(a)]
-        instruction = c.agents.instruction
-        if self.tool_call:  # the tools and their arguments (agents.tool_instruction: own text)
-            instruction = (c.agents.get("tool_instruction", "") or tool_calls.tool_instruction(
-                c.agents.actions, self.social_params.feed_size))
+        # tool_call: the tools, their arguments and one example call (or agents.tool_instruction)
+        instruction, footer = run_config.prompt_text(c, lambda: tool_calls.tool_instruction(
+            c.agents.actions, self.social_params.feed_size))
         self.personas = personas
-        self.template = self.prompt_template(instruction, c.agents.footer)
+        self.template = self.prompt_template(instruction, footer)
         self.vocab = actions.ActionVocab.build(self.tokenizer, c.agents.actions,
                                                self.social_params.feed_size, self.stop_ids,
                                                self.social_params.feed_comments)
@@ -158,7 +157,7 @@ class SocialRL:
         self.grammar = (self.vocab.grammar(model.config.vocab_size, max_text, specials)
                         if c.agents.action_mode == "constrained" else None)
         self.sampling = SamplingConfig(
-            max_new_tokens=n_new, temperature=float(c.rollout.temperature),
+            max_new_tokens=n_new, temperature=run_config.temperature(c),
             top_k=int(c.rollout.top_k), top_p=float(c.rollout.top_p),
             stop_token_ids=self.stop_ids, prompt_bucket=self.template.max_len,
             decode_buckets=int(c.rollout.get("decode_buckets", 1)))
