@@ -313,6 +313,67 @@ def markdown(result: dict, command: Optional[str] = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+FAILURE_KINDS = ("no_json", "unknown_action", "bad_argument")  # agents.tool_calls' kinds
+
+
+def failure_shares(record: dict) -> Dict[str, float]:
+    """Shares of an epoch's answers that failed to parse: "failed" (all of them; free and
+    tool_call modes) and, in tool_call mode, one per kind of `FAILURE_KINDS`. {} where the
+    record counts no parse failures (constrained mode)."""
+    answers = _num(record.get("interactions"))
+    if "parse_failures" not in record or not answers > 0:
+        return {}
+    out = {"failed": _num(record["parse_failures"]) / answers}
+    for kind, n in (record.get("parse_failures_by_kind") or {}).items():
+        out[kind] = _num(n) / answers
+    return out
+
+
+def failures(runs: Dict[str, Dict[int, Sequence[dict]]], level: float = LEVEL) -> dict:
+    """Parse failures of {arm: {seed: metrics records}}: {arm: {"kinds", "curves" {kind:
+    [epochs] mean over seeds}, "change" {kind: mean_ci of (last third - first third) over
+    seeds}, "rose" {kind: seeds whose share rose}, "seeds"}} for the arms whose runs count
+    failures; {} when none does."""
+    out = {}
+    for arm, by_seed in runs.items():
+        shares = {s: [failure_shares(r) for r in recs] for s, recs in sorted(by_seed.items())}
+        if not shares or not all(v and all(v) for v in shares.values()):
+            continue
+        kinds = [k for k in ("failed",) + FAILURE_KINDS
+                 if all(k in e for v in shares.values() for e in v)]
+        n_ep = min(len(v) for v in shares.values())
+        k3 = third(n_ep)
+        change = {k: [float(np.mean([e[k] for e in v[n_ep - k3:n_ep]])
+                            - np.mean([e[k] for e in v[:k3]])) for v in shares.values()]
+                  for k in kinds}
+        out[arm] = {"kinds": kinds, "seeds": len(shares), "third": k3,
+                    "curves": {k: [float(np.mean([v[e][k] for v in shares.values()]))
+                                   for e in range(n_ep)] for k in kinds},
+                    "change": {k: mean_ci(c, level) for k, c in change.items()},
+                    "rose": {k: int(sum(x > 0 for x in c)) for k, c in change.items()}}
+    return out
+
+
+def failures_markdown(result: dict) -> str:
+    """`failures` as Markdown: per arm, a row per epoch (each kind's share of the answers,
+    mean over seeds) and the change from the first third of epochs to the last (± CI, seeds
+    in which it rose). "" when no arm counts failures."""
+    lines = []
+    for arm, f in result.items():
+        kinds = f["kinds"]
+        lines += [f"Parse failures, {arm} ({f['seeds']} seeds; share of answers, mean over "
+                  f"seeds):", "", "| epoch | " + " | ".join(kinds) + " |",
+                  "|" + "---|" * (len(kinds) + 1)]
+        for e in range(len(f["curves"][kinds[0]])):
+            lines.append(f"| {e + 1} | " + " | ".join(fmt(f["curves"][k][e]) for k in kinds)
+                         + " |")
+        lines.append(f"| last {f['third']} - first {f['third']} | " + " | ".join(
+            f"{fmt(f['change'][k]['mean'], True)} ± {fmt(f['change'][k]['ci'])} "
+            f"(rose in {f['rose'][k]}/{f['seeds']})" for k in kinds) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def _arm_curves(by_seed: Dict[int, dict], metric: str) -> np.ndarray:
     """[seeds, epochs] of one metric, NaN-padded where runs have fewer epochs."""
     rows = [r["curves"][metric] for r in by_seed.values()]

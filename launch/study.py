@@ -30,7 +30,8 @@ launching and are passed on to the live runs, which checkpoint and exit (rerun t
 
 Written to W: study.json (everything: config, overrides, arms, seeds, each run's first / last
 third and change per metric, per-arm statistics, comparisons with the control, criteria, the
-command, the date, the git commit), study.md (the table: `jaxsocial.study.markdown`) and
+command, the date, the git commit), study.md (the table: `jaxsocial.study.markdown`; in tool_call
+and free mode also the parse failures by kind per epoch, `jaxsocial.study.failures_markdown`) and
 study.png (per-epoch curves of every arm; needs matplotlib: pip install -e '.[notebook]').
 """
 
@@ -382,7 +383,12 @@ def write_outputs(workdir, arms, runs, common, config_arg, say):
     result = study.analyze(records, control=study.CONTROL)
     command = shlex.join(["python", *_ARGV]) if _ARGV else None
     text = study.markdown(result, command)
+    fails = study.failures(records)  # tool_call / free mode: parse failures by kind
+    if fails:
+        text += "\n" + study.failures_markdown(fails)
     record = study_record(result, arms, runs, common, config_arg, command)
+    if fails:
+        record["failures"] = fails
     with open(os.path.join(workdir, "study.json"), "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1)
     with open(os.path.join(workdir, "study.md"), "w", encoding="utf-8") as f:

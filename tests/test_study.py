@@ -549,3 +549,24 @@ def test_study_of_smoke_runs_end_to_end(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "0 to run, 2 finished" in again.stdout and "start " not in again.stdout
     print(f"study of 2 smoke runs: {first_s:.0f} s")
+
+
+def test_parse_failures_by_kind_over_epochs():
+    """`failures`: each kind's share of the answers per epoch (mean over seeds) and its
+    first-third -> last-third change, by hand; constrained runs count none (control)."""
+    def rec(no_json, bad, answers=16):
+        return {"interactions": answers, "parse_failures": no_json + bad,
+                "parse_failures_by_kind": {"no_json": no_json, "unknown_action": 0,
+                                           "bad_argument": bad}}
+    runs = {"trained": {0: [rec(8, 0), rec(6, 2), rec(4, 4)],
+                        1: [rec(4, 0), rec(4, 0), rec(8, 0)]}}
+    f = study.failures(runs)["trained"]
+    assert f["kinds"] == ["failed", "no_json", "unknown_action", "bad_argument"]
+    assert np.allclose(f["curves"]["failed"], [0.375, 0.375, 0.5])
+    assert np.allclose(f["curves"]["bad_argument"], [0.0, 1 / 16, 0.125])
+    assert np.isclose(f["change"]["failed"]["mean"], (0.0 + 0.25) / 2)  # third = 1 epoch
+    assert f["rose"] == {"failed": 1, "no_json": 1, "unknown_action": 0, "bad_argument": 1}
+    assert "| 3 | 0.500 | 0.375 | 0.000 | 0.125 |" in study.failures_markdown(
+        study.failures(runs))
+    plain = {"trained": {0: [{"interactions": 16, "avg_likes_per_post": 1.0}] * 3}}
+    assert study.failures(plain) == {} and study.failures_markdown({}) == ""
