@@ -94,8 +94,8 @@ def get_config(arg=None):
         # the tools. A call around 12 content tokens takes ~30 tokens.
         c.agents.action_mode = "tool_call"
         c.rollout.max_new_tokens = 40
-        # Sampled colder than the posts of the other modes: at 0.5 about half of SmolLM2's
-        # answers are valid calls, at 0.7 about a third (docs/society.md, "Tool calls").
+        # Sampled colder than the other modes: SmolLM2 writes valid calls far more often
+        # (benchmarks/tool_call_prompt.py; docs/train.md, "A small model's tool calls").
         c.rollout.tool_call_temperature = 0.5
     elif arg:
         raise ValueError(f"unknown smol variant {arg!r}; use configs/smol.py, :smoke, :study "
