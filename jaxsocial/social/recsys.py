@@ -310,7 +310,10 @@ def _recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soc
             interest = state.users.interest[u]  # [B, d], unit norm
             sim = interest @ posts.embedding[pslot].T  # [B, C]
             score = _pool_seen(params.w_sim * sim + pprior, pid, seen, params)
-            ids = jnp.broadcast_to(pid, score.shape)
+            if params.exclude_own:  # by the pool's authors: no [B, C] id or author gather
+                score = jnp.where(posts.author[pslot][None, :] == u[:, None], _NEG, score)
+            # The ids stay [C] (and [B, I]) until the top-k has picked columns (`pick`).
+            ids, pool_ids, extra_ids = None, pid, None
             if params.in_network > 0:
                 # I consecutive (cyclically, from a random offset) non-empty followee entries:
                 # distinct when the user follows >= I accounts, all of them otherwise.
@@ -335,16 +338,25 @@ def _recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soc
                 ihit = jnp.any((iid[:, :, None] == seen[:, None, :]) & (iid[:, :, None] >= 0),
                                axis=2)
                 iscore = _seen_adjust(iscore, ihit, params)
+                if params.exclude_own:
+                    iok = iok & (posts.author[islot] != u[:, None])
                 score = jnp.concatenate([score, jnp.where(iok, iscore, _NEG)], axis=1)
-                ids = jnp.concatenate([ids, jnp.where(iok, iid, EMPTY)], axis=1)
-    if params.exclude_own and params.recsys != "twhin":  # (twhin: in _twhin_top)
-        score = jnp.where(posts.author[posts.slot(ids)] == u[:, None], _NEG, score)
+                extra_ids = jnp.where(iok, iid, EMPTY)
+    if ids is not None and params.exclude_own and params.recsys != "twhin":  # (twhin: in
+        score = jnp.where(posts.author[posts.slot(ids)] == u[:, None], _NEG, score)  # _twhin_top)
 
     # The seen policy is applied above for the pool / in-network candidates; the top
     # K + overfetch then only lose muted authors and duplicates (and seen: random recsys).
     kk = min(score.shape[1], k + params.overfetch)
     score, pos = jax.lax.top_k(score, kk)
-    ids = jnp.take_along_axis(ids, pos, axis=1)
+    if ids is None:  # pool columns [C], then the in-network ones [B, I]
+        c = pool_ids.shape[0]
+        ids = pool_ids[jnp.minimum(pos, c - 1)]
+        if extra_ids is not None:
+            ids = jnp.where(pos < c, ids, jnp.take_along_axis(
+                extra_ids, jnp.clip(pos - c, 0, extra_ids.shape[1] - 1), axis=1))
+    else:
+        ids = jnp.take_along_axis(ids, pos, axis=1)
     score = _filter(state, u, ids, score, params, penalize=params.recsys == "random")
     score, pos = jax.lax.top_k(score, min(k, kk))
     ids = jnp.take_along_axis(ids, pos, axis=1)
