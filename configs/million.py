@@ -22,8 +22,10 @@ def society_config(num_users: int) -> ml_collections.ConfigDict:
         recsys="twitter", feed_size=10, pool_size=192, pool_random=64, in_network=8,
         overfetch=4,
         recency="exp", seen_policy="exclude", crowd=True,
-        max_active=max_active, crowd_budget=min(n, 4 * max_active),
-        content_budget=min(n, 4 * max_active, max_active // 4),  # posts, quotes, comments
+        # Crowd actions per tick: at 1e6 the 48 ticks of this config draw at most 78,512 (1.6 per
+        # active user; none over budget), so 2 x max_active (120,128) leaves half again.
+        max_active=max_active, crowd_budget=min(n, 2 * max_active),
+        content_budget=min(n, 2 * max_active, max_active // 4),  # posts, quotes, comments
         activation_rate=rate, activity_sigma=1.0, like_bias=-4.0, like_sim=3.0, like_pop=0.1,
         p_post=0.1, p_repost=0.02, p_quote=0.005, p_comment=0.03, p_follow=0.03,
         explore_frac=0.05))
