@@ -17,7 +17,7 @@ not reacted to again.  The events are compacted into one `ActionBatch` of `crowd
 (overflow counted) and applied with `apply_actions`, so the crowd obeys exactly the rules the
 LLM agents do.  With `content_budget` > 0, the text or embedding of created posts is drawn for
 at most that many rows (the batch's first creating rows; later ones are dropped and counted as
-overflow) instead of for every row of the batch: at 1e6 users about 8,000 of 240,000 rows.
+overflow) instead of for every row of the batch: at 1e6 users about 7,000 of 120,128 rows.
 
 Text: with a `text_bank.CrowdText` in `state.text`, a crowd post copies the tokens and embedding
 of a bank post drawn by its author's interest, a comment / quote those of a comment-bank entry
