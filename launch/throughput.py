@@ -42,10 +42,11 @@ def _peak_memory_gb():
 
 
 def _bound(fn, compiled):
-    """Call an AOT-compiled program the way the loop calls `fn`: the loop's wrappers pass the
-    rollout grammar as an extra argument (keyword for rollout/score, positional for update)."""
-    if hasattr(fn, "jitted") and hasattr(fn, "grammar"):
-        return lambda *a: compiled(*a, grammar=fn.grammar)
+    """Call an AOT-compiled program the way the loop calls `fn`: the loop's wrappers pass frozen
+    inputs (the rollout grammar, the society encoder's weights) as extra arguments: keywords for
+    rollout / score (`fn.frozen`), positional for the update (`fn.grammar`)."""
+    if hasattr(fn, "jitted") and hasattr(fn, "frozen"):
+        return lambda *a: compiled(*a, **fn.frozen)
     if hasattr(fn, "_jitted") and hasattr(fn, "grammar"):
         return lambda *a: compiled(*a, fn.grammar)
     return compiled

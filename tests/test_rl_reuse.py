@@ -1,5 +1,5 @@
-"""The rollout's log-probs as the old log-probs (`policy.score_batch(...,
-rollout_logprobs=)`, `old_logprobs`), and the shared-prompt forward (`prompt_group`), each
+"""The rollout's log-probs and values as the old log-probs and values (`policy.score_batch(...,
+rollout_logprobs=, rollout_values=)`, `old_logprobs`, `old_values`), and the shared-prompt forward (`prompt_group`), each
 against an independent re-scoring / full forward."""
 import jax
 import jax.numpy as jnp
@@ -98,7 +98,86 @@ def test_auto_falls_back_to_a_rescoring_when_not_exact():
     assert np.min(np.abs(np.asarray(lp) - np.asarray(bad))[m]) > 0.1
 
 
+def _head_policy_with_values(seed=0):
+    """A value_mode="head" policy whose head is not zero (the initial head gives V = 0)."""
+    pdef, params, ref = _policy("head", seed=seed)
+    head = params["value"]["head"]
+    head = {"kernel": 0.1 * jax.random.normal(jax.random.PRNGKey(9), head["kernel"].shape),
+            "bias": head["bias"] + 0.3}
+    return pdef, {**params, "value": {**params["value"], "head": head}}, ref
+
+
+def test_rollout_values_match_the_scoring_forward():
+    """old_values="rollout": the generator's step_hidden through the value head gives the
+    values a scoring forward gives, within 1e-5 on every valid token (the values are
+    non-trivial: |V| > 0.1 somewhere); masked slots are 0, and the log-probs and reference are
+    unchanged. Negative control: the hidden states shifted by one step (the state after the
+    token instead of the one that sampled it) are rejected by the same comparison."""
+    pdef, params, ref = _head_policy_with_values()
+    cfg = ppo.PPOConfig(temperature=0.7, top_k=12, top_p=0.95, stop_token_ids=(END,))
+    model = nnx.merge(pdef.graphdef, params["policy"])
+    prompt, pmask = standard_prompts(group=GROUP)
+    out = generate(model, prompt, pmask, jax.random.PRNGKey(5),
+                   policy_lib.sampling_config(cfg, RESP), step_hidden=True)
+    m = np.asarray(out.mask)
+    assert 0 < m.sum() < m.size  # ragged responses
+    traj = buffer.make_trajectory(prompt, pmask, out.tokens, out.mask,
+                                  scores=jnp.zeros(prompt.shape[0]))
+    rollout_v = jnp.where(out.mask, policy_lib.head_values(params, out.step_hidden), 0.0)
+    on = cfg.replace(old_values="rollout")
+    assert policy_lib.old_values_source(pdef, on, "rollout") == "rollout"
+    assert policy_lib.old_values_source(pdef, on, "rescore") == "rescore"
+    assert policy_lib.old_values_source(pdef, cfg, "rollout") == "rescore"
+    got = policy_lib.score_batch(pdef, params, ref, traj, on, rollout_logprobs=out.logprobs,
+                                 rollout_values=rollout_v)
+    want = policy_lib.score_batch(pdef, params, ref, traj, cfg, rollout_logprobs=out.logprobs)
+    v, w = np.asarray(got[2]), np.asarray(want[2])
+    assert np.abs(w[m]).max() > 0.1
+    np.testing.assert_allclose(v[m], w[m], atol=1e-5)
+    assert np.all(v[~m] == 0)
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+    # chunked scoring (micro_batch) carries the values row by row
+    chunked = policy_lib.score_batch(pdef, params, ref, traj, on.replace(micro_batch=GROUP),
+                                     rollout_logprobs=out.logprobs, rollout_values=rollout_v)
+    np.testing.assert_array_equal(np.asarray(chunked[2]), v)
+    shifted = jnp.roll(out.step_hidden, -1, axis=1)
+    bad = jnp.where(out.mask, policy_lib.head_values(params, shifted), 0.0)
+    got_bad = policy_lib.score_batch(pdef, params, ref, traj, on, rollout_logprobs=out.logprobs,
+                                     rollout_values=bad)[2]
+    assert np.abs(np.asarray(got_bad)[m] - w[m]).max() > 1e-3
+    with pytest.raises(ValueError, match="rollout_values"):
+        policy_lib.score_batch(pdef, params, ref, traj, on, rollout_logprobs=out.logprobs)
+
+
+def test_no_reference_forward_without_a_kl_term():
+    """kl_coef = 0 (no adaptive controller): score_batch returns the old log-probs as the
+    reference's (every KL term 0) and its compiled program runs one forward fewer (FLOPs).
+    Negative control: with kl_coef > 0 the reference log-probs differ from the policy's (the
+    policy is not the reference here) and the FLOPs are higher."""
+    pdef, params, ref = _policy("none")
+    params = jax.tree.map(lambda x: x * 1.05, params)  # the policy is no longer the reference
+    with_kl = grpo.GRPOConfig(group_size=GROUP, temperature=1.0, kl_coef=0.04)
+    no_kl = with_kl.replace(kl_coef=0.0)
+    assert policy_lib.uses_reference(with_kl) and not policy_lib.uses_reference(no_kl)
+    assert policy_lib.uses_reference(ppo.PPOConfig(kl_coef=0.0, adaptive_kl=True,
+                                                   adaptive_kl_init=0.1))
+    traj, rollout_lp, m = _rollout(pdef, params, with_kl)
+    flops, out = [], []
+    for cfg in (with_kl, no_kl):
+        fn = jax.jit(lambda p, r, t, lp, cfg=cfg: policy_lib.score_batch(
+            pdef, p, r, t, cfg, rollout_logprobs=lp))
+        flops.append(fn.lower(params, ref, traj, rollout_lp).compile().cost_analysis()["flops"])
+        out.append(fn(params, ref, traj, rollout_lp))
+    (lp_k, ref_k, _), (lp_0, ref_0, _) = out
+    np.testing.assert_array_equal(np.asarray(ref_0), np.asarray(lp_0))
+    assert np.abs(np.asarray(ref_k) - np.asarray(lp_k))[m].max() > 1e-3
+    assert flops[1] < 0.5 * flops[0], flops
+
+
 def test_config_rejects_unknown_modes():
+    with pytest.raises(ValueError, match="old_values"):
+        ppo.PPOConfig(old_values="sometimes")
     with pytest.raises(ValueError, match="old_logprobs"):
         ppo.PPOConfig(old_logprobs="sometimes")
     with pytest.raises(ValueError, match="prompt_group"):

@@ -23,8 +23,8 @@ log-probs are those of the sampling distribution (`sampling.token_logprobs`), so
 masks, the path training uses) reproduces them: the PPO ratio of a fresh batch is 1.
 
 Compiled programs are held by a `ProgramCache` (`PROGRAMS`, the process's own), keyed by
-(graphdef, prompt bucket, batch, config, return_hidden, grammar or not); its `trace_counts`
-count traces so tests can prove a call did not recompile.
+(graphdef, prompt bucket, batch, config, return_hidden, grammar or not, step_hidden); its
+`trace_counts` count traces so tests can prove a call did not recompile.
 """
 
 from __future__ import annotations
@@ -50,13 +50,17 @@ class GenerationOutput:
     """tokens [B, N] int32 (pad after a stop); logprobs [B, N] float32 under the sampling
     distribution (0 where masked); mask [B, N] bool (stop token included); lengths [B] int32 =
     mask.sum(1); hidden [B, H] float32 final-normed hidden state of each response's last valid
-    token (None unless return_hidden)."""
+    token (None unless return_hidden); step_hidden [B, N, H] float32 the final-normed hidden
+    state whose logits sampled each token (0 where masked; None unless step_hidden): what a
+    full forward over prompt + response gives at the response positions, so a value head
+    needs no second forward."""
 
     tokens: Array
     logprobs: Array
     mask: Array
     lengths: Array
     hidden: Optional[Array] = None
+    step_hidden: Optional[Array] = None
 
 
 def bucket_length(length: int, bucket: int) -> int:
@@ -74,7 +78,8 @@ def _pad_id(cfg: llama.LlamaConfig) -> int:
 class ProgramCache:
     """The jitted (prefill, decode) programs of `generate`, and each graphdef's LlamaConfig.
 
-    `get(graphdef, bucket, batch, config, return_hidden, has_grammar) -> (prefill, decode)`
+    `get(graphdef, bucket, batch, config, return_hidden, has_grammar, step_hidden=False)
+    -> (prefill, decode)`
     builds a pair once per key; `trace_counts` ("prefill", "decode") grow at trace time only;
     `config_of(graphdef, state)` merges a split model once to read its config; `clear()` drops
     the programs (e.g. after changing the model architecture).
@@ -86,11 +91,11 @@ class ProgramCache:
         self.trace_counts: collections.Counter = collections.Counter()
 
     def get(self, graphdef, bucket: int, batch: int, config: SamplingConfig,
-            return_hidden: bool, has_grammar: bool):
-        key = (graphdef, bucket, batch, config, return_hidden, has_grammar)
+            return_hidden: bool, has_grammar: bool, step_hidden: bool = False):
+        key = (graphdef, bucket, batch, config, return_hidden, has_grammar, step_hidden)
         if key not in self.compiled:
             self.compiled[key] = _build(graphdef, bucket, config, return_hidden, has_grammar,
-                                        self.trace_counts)
+                                        self.trace_counts, step_hidden)
         return self.compiled[key]
 
     def config_of(self, graphdef, state) -> llama.LlamaConfig:
@@ -106,7 +111,10 @@ PROGRAMS = ProgramCache()
 
 
 def _build(graphdef, bucket: int, config: SamplingConfig, return_hidden: bool,
-           has_grammar: bool, trace_counts: collections.Counter):
+           has_grammar: bool, trace_counts: collections.Counter, step_hidden: bool = False):
+    """The (prefill, decode) pair. With step_hidden, prefill's logits come paired with the
+    hidden state that made them ((logits, hidden) [B, V], [B, H]) and decode records it per
+    step (GenerationOutput.step_hidden)."""
     n = config.max_new_tokens
     # numpy, not jnp: no tracer when this is built inside a trace
     stops = np.asarray(config.stop_token_ids or (-1,), np.int32)
@@ -127,16 +135,20 @@ def _build(graphdef, bucket: int, config: SamplingConfig, return_hidden: bool,
                                 cache=cache, kv_limit=end)
             cache = out.cache
         # Only the last slot's logits are needed; out.logits ([B, chunk, V]) is dead code.
-        logits = model.unembed(out.hidden[:, -1])
+        last = out.hidden[:, -1]
+        logits = model.unembed(last)
+        if step_hidden:
+            logits = (logits, last.astype(jnp.float32))
         if g > 1:
             rows = lambda x: jnp.repeat(x, g, axis=0)  # noqa: E731
-            cache, logits = cache.map_rows(rows), rows(logits)
+            cache, logits = cache.map_rows(rows), jax.tree.map(rows, logits)
         return cache, logits
 
     def decode(state, cache, logits, key, grammar):
         trace_counts["decode"] += 1
         model = nnx.merge(graphdef, state)
         cfg = model.config
+        logits, h0 = logits if step_hidden else (logits, None)
         b, v = logits.shape
         pad = _pad_id(cfg)
 
@@ -150,6 +162,8 @@ def _build(graphdef, bucket: int, config: SamplingConfig, return_hidden: bool,
             tokens=jnp.full((b, n), pad, jnp.int32), logprobs=jnp.zeros((b, n), jnp.float32),
             mask=jnp.zeros((b, n), bool),
             hidden=jnp.zeros((b, cfg.hidden_size), jnp.float32))
+        if step_hidden:
+            carry.update(h=h0, step_hidden=jnp.zeros((b, n, cfg.hidden_size), jnp.float32))
 
         def cond(end):
             return lambda c: (c["t"] < end) & ~jnp.all(c["done"])
@@ -170,7 +184,13 @@ def _build(graphdef, bucket: int, config: SamplingConfig, return_hidden: bool,
             hidden = c["hidden"]
             if return_hidden:
                 hidden = jnp.where(live[:, None], out.hidden[:, 0].astype(jnp.float32), hidden)
-            return dict(
+            steps = {}
+            if step_hidden:  # token t was sampled from the logits of c["h"]
+                steps = dict(h=out.hidden[:, 0].astype(jnp.float32),
+                             step_hidden=jax.lax.dynamic_update_slice(
+                                 c["step_hidden"], jnp.where(live[:, None], c["h"], 0.0)[:, None],
+                                 (0, t, 0)))
+            return dict(**steps,
                 t=t + 1, cache=out.cache, logits=out.logits[:, 0], fsm=fsm, done=done,
                 tokens=jax.lax.dynamic_update_slice(c["tokens"], tok[:, None], (0, t)),
                 logprobs=jax.lax.dynamic_update_slice(c["logprobs"], lp[:, None], (0, t)),
@@ -188,7 +208,8 @@ def _build(graphdef, bucket: int, config: SamplingConfig, return_hidden: bool,
         # it: the loop updates the prefill's allocation in place instead of copying it.
         out = GenerationOutput(tokens=c["tokens"], logprobs=c["logprobs"], mask=c["mask"],
                                lengths=c["mask"].sum(axis=1, dtype=jnp.int32),
-                               hidden=c["hidden"] if return_hidden else None)
+                               hidden=c["hidden"] if return_hidden else None,
+                               step_hidden=c["step_hidden"] if step_hidden else None)
         return c["cache"], out
 
     # With more than one segment no output has the donated cache's shape (grown in the
@@ -244,7 +265,7 @@ def _validate(cfg: llama.LlamaConfig, input_ids, attention_mask, config, grammar
 
 def generate_from_state(graphdef, state, input_ids: Array, attention_mask: Array, key: Array,
                         config: SamplingConfig, grammar: Optional[grammar_lib.Grammar] = None,
-                        return_hidden: bool = False) -> GenerationOutput:
+                        return_hidden: bool = False, step_hidden: bool = False) -> GenerationOutput:
     """`generate` for a model already split with `nnx.split` (the training loop holds params)."""
     cfg = PROGRAMS.config_of(graphdef, state)
     _validate(cfg, input_ids, attention_mask, config, grammar)
@@ -256,7 +277,7 @@ def generate_from_state(graphdef, state, input_ids: Array, attention_mask: Array
         ids = jnp.pad(ids, ((0, 0), (bucket - t, 0)), constant_values=_pad_id(cfg))
         mask = jnp.pad(mask, ((0, 0), (bucket - t, 0)))
     prefill, decode = PROGRAMS.get(graphdef, bucket, b, config, return_hidden,
-                                   grammar is not None)
+                                   grammar is not None, step_hidden)
     cache, logits = prefill(state, ids, mask)
     _, out = decode(state, cache, logits, key, grammar)
     return out
@@ -264,17 +285,18 @@ def generate_from_state(graphdef, state, input_ids: Array, attention_mask: Array
 
 def generate(model: llama.Llama, input_ids: Array, attention_mask: Array, key: Array,
              config: SamplingConfig, grammar: Optional[grammar_lib.Grammar] = None,
-             return_hidden: bool = False) -> GenerationOutput:
+             return_hidden: bool = False, step_hidden: bool = False) -> GenerationOutput:
     """Sample up to `config.max_new_tokens` tokens for each left-padded prompt.
 
     input_ids [B, T] int, attention_mask [B, T] (1 = token, 0 = left padding), key: a
     jax.random key (same key -> same tokens), grammar: optional token FSM
     (`jaxsocial.generation.grammar`). Returns GenerationOutput (tokens/logprobs/mask [B, N],
-    lengths [B], hidden [B, H] if return_hidden). See the module docstring for the algorithm.
+    lengths [B], hidden [B, H] if return_hidden, step_hidden [B, N, H] if step_hidden). See
+    the module docstring for the algorithm.
     """
     if not isinstance(model, llama.Llama):
         raise ValueError(f"model must be a jaxsocial Llama, got {type(model).__name__}")
     graphdef, state = nnx.split(model)
     PROGRAMS.configs[graphdef] = model.config
     return generate_from_state(graphdef, state, input_ids, attention_mask, key, config,
-                               grammar, return_hidden)
+                               grammar, return_hidden, step_hidden)

@@ -16,6 +16,7 @@ from ml_collections import config_dict
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 OLD_LOGPROBS = ("auto", "rollout", "rescore")
+OLD_VALUES = ("rescore", "rollout")
 LR_SCHEDULES = ("constant", "cosine")
 REWARD_NORMS = ("none", "running")
 KL_PER = ("token", "sequence")
@@ -161,6 +162,11 @@ class PPOConfig(OptimConfig):
     """PPO knobs (TRL-style token-level PPO; defaults: docs/rl.md, "Defaults"). The optimizer,
     update structure, surrogate, KL and sampling fields come from `OptimConfig`."""
 
+    # old values (value_mode "head", old log-probs from the rollout): "rescore" = the policy
+    # trunk's forward in the scoring pass; "rollout" = the generator's hidden state that sampled
+    # each token through the value head (`policy.score_batch(rollout_values=...)`): the same
+    # values to float rounding, and one forward fewer per epoch
+    old_values: str = "rescore"
     # value loss
     value_clip: float = 0.2
     vf_coef: float = 0.1
@@ -187,6 +193,8 @@ class PPOConfig(OptimConfig):
             raise ValueError(f"reward_norm={self.reward_norm!r}; choose one of {REWARD_NORMS}")
         if self.kl_per not in KL_PER:
             raise ValueError(f"kl_per={self.kl_per!r}; choose one of {KL_PER}")
+        if self.old_values not in OLD_VALUES:
+            raise ValueError(f"old_values={self.old_values!r}; choose one of {OLD_VALUES}")
         if self.value_clip <= 0:
             raise ValueError(f"value_clip must be > 0, got {self.value_clip}")
         if not 0.0 <= self.lam <= 1.0 or not 0.0 <= self.gamma <= 1.0:

@@ -227,8 +227,34 @@ def old_logprobs_source(pdef: PolicyDef, cfg, have_rollout: bool) -> str:
     return "rollout" if have_rollout and pdef.compute_dtype == "float32" else "rescore"
 
 
+def head_values(params, hidden: jax.Array) -> jax.Array:
+    """Values [B, R] float32 of final-normed hidden states [B, R, H] through the value head
+    (value_mode "head"). With the generator's `step_hidden` these are the old values
+    `score_batch` takes from the rollout (`rl.old_values="rollout"`)."""
+    return _values(params["value"]["head"], hidden)
+
+
+def uses_reference(cfg) -> bool:
+    """Whether the KL to the reference is charged (kl_coef > 0, or PPO's adaptive controller).
+    Without it `score_batch` runs no reference forward, as TRL does at beta = 0: the reference
+    log-probs it returns are the old log-probs, so every KL term (and the kl_ref metric) is 0."""
+    return float(cfg.kl_coef) > 0 or bool(getattr(cfg, "adaptive_kl", False))
+
+
+def old_values_source(pdef: PolicyDef, cfg, old_logprobs: str) -> str:
+    """The static rule for where `score_batch` takes the old values: "rollout" when
+    cfg.old_values is "rollout", the critic is the policy's own head and the old log-probs come
+    from the rollout too (otherwise the policy forward that re-scores them gives the values);
+    "rescore" else."""
+    if (getattr(cfg, "old_values", "rescore") == "rollout" and pdef.value_mode == "head"
+            and old_logprobs == "rollout"):
+        return "rollout"
+    return "rescore"
+
+
 def score_batch(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, grammar=None,
-                rollout_logprobs: Optional[jax.Array] = None):
+                rollout_logprobs: Optional[jax.Array] = None,
+                rollout_values: Optional[jax.Array] = None):
     """The rollout scoring pass: (logprobs, ref_logprobs, values), each [B, R] float32 and 0
     on masked tokens (values 0 when value_mode="none"). No gradients. `grammar`: the
     rollout's grammar (with batch.fsm_states, or replayed from the tokens).
@@ -237,8 +263,11 @@ def score_batch(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, gra
     batch.response_tokens. When `old_logprobs_source` says "rollout", they are returned
     (masked) as the old log-probs and the policy's forward is skipped — entirely for
     value_mode "none" (GRPO) and "critic" (only the critic's trunk runs for the values);
-    for "head" the policy trunk still runs for the values, without its LM head. Otherwise
-    the policy forward re-scores them. The reference forward always runs.
+    for "head" the policy trunk still runs for the values, without its LM head, unless
+    `old_values_source` says "rollout": then rollout_values [B, R] float32 (`head_values` of
+    the generator's step_hidden) are the values and no policy forward runs. Otherwise the
+    policy forward re-scores them. The reference forward runs when the KL is charged
+    (`uses_reference`); otherwise ref_logprobs are the old log-probs.
 
     Use it to fill a Trajectory: `batch.replace(old_logprobs=lp, ref_logprobs=ref, values=v)`.
 
@@ -257,6 +286,16 @@ def score_batch(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, gra
                              f"{batch.response_tokens.shape}")
     else:
         rollout_logprobs = None
+    if old_values_source(pdef, cfg, source) == "rollout":
+        if rollout_values is None:
+            raise ValueError("old_values='rollout' needs the rollout's values: pass "
+                             "score_batch(..., rollout_values=...)")
+        rollout_values = jnp.asarray(rollout_values, jnp.float32)
+        if rollout_values.shape != batch.response_tokens.shape:
+            raise ValueError(f"rollout_values has shape {rollout_values.shape}, expected "
+                             f"{batch.response_tokens.shape}")
+    else:
+        rollout_values = None
     micro = int(getattr(cfg, "micro_batch", 0) or 0)
     if 0 < micro < rows:
         if rows % micro:
@@ -264,19 +303,22 @@ def score_batch(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, gra
         n = rows // micro
         chunks = jax.tree.map(
             lambda x: jnp.swapaxes(x.reshape((micro, n) + x.shape[1:]), 0, 1),
-            (batch, rollout_logprobs))
+            (batch, rollout_logprobs, rollout_values))
         ccfg = cfg.replace(prompt_group=0) if _group(cfg, rows) else cfg
         out = jax.lax.map(
-            lambda a: _score_rows(pdef, params, ref_params, a[0], ccfg, grammar, a[1]), chunks)
+            lambda a: _score_rows(pdef, params, ref_params, a[0], ccfg, grammar, a[1], a[2]),
+            chunks)
         return jax.tree.map(lambda y: jnp.swapaxes(y, 0, 1).reshape((rows,) + y.shape[2:]),
                             out)
-    return _score_rows(pdef, params, ref_params, batch, cfg, grammar, rollout_logprobs)
+    return _score_rows(pdef, params, ref_params, batch, cfg, grammar, rollout_logprobs,
+                       rollout_values)
 
 
 def _score_rows(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, grammar=None,
-                rollout_logprobs=None):
+                rollout_logprobs=None, rollout_values=None):
     """score_batch over all rows of `batch` at once; rollout_logprobs [B, R] or None (then
-    the policy forward re-scores)."""
+    the policy forward re-scores); rollout_values [B, R] or None (then a forward gives the
+    values)."""
     params = jax.lax.stop_gradient(params)
     m = batch.response_mask.astype(jnp.float32)
     if rollout_logprobs is None:
@@ -284,9 +326,13 @@ def _score_rows(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, gra
         lp, values = ev.logprobs, ev.values
     else:
         lp = jax.lax.stop_gradient(rollout_logprobs)
-        values = (values_only(pdef, params, ref_params, batch, cfg) if pdef.has_values
-                  else None)
-    ref = reference_logprobs(pdef, ref_params, batch, cfg, grammar=grammar)
+        if rollout_values is not None:
+            values = jax.lax.stop_gradient(rollout_values)
+        else:
+            values = (values_only(pdef, params, ref_params, batch, cfg) if pdef.has_values
+                      else None)
+    ref = (reference_logprobs(pdef, ref_params, batch, cfg, grammar=grammar)
+           if uses_reference(cfg) else lp)
     values = values if values is not None else jnp.zeros_like(lp)
     return lp * m, ref * m, values * m
 

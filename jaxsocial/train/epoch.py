@@ -28,7 +28,7 @@ nothing mutable:
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -83,6 +83,7 @@ class Rollout:
     slot_ids: Array         # [T + S, P] int32 post id in each slot after each recorded tick
     follower_delta: Array   # [T + S, A] int32 followers gained by each agent per recorded tick
     crowd_posts: Array      # [T + S] int32 posts created by the crowd per recorded tick
+    values: Optional[Array] = None  # [T, B, N] float32 old values (rl.old_values="rollout")
 
 
 @struct.dataclass
@@ -171,6 +172,9 @@ def make_epoch(run) -> EpochFns:
     # rl.old_logprobs: the rollout's log-probs serve as the old log-probs where they are exact
     # (`policy.old_logprobs_source`), and the policy's scoring forward is skipped.
     reuse_logprobs = run.old_logprobs == "rollout"
+    # rl.old_values="rollout": the value head reads the generator's hidden states, and the
+    # policy's scoring forward is skipped for the values too.
+    rollout_values = run.old_values == "rollout"
 
     def embed(params, content: Array) -> Array:
         """The society's frozen encoder: content [B, L] policy tokens -> unit embeddings [B, d].
@@ -211,7 +215,7 @@ def make_epoch(run) -> EpochFns:
             ids, mask = prompting.assemble(template, agents, view)
             ids, mask = rows_on_data_axes((ids, mask), mesh)  # each device: its agents
             out = generate_from_state(pdef.graphdef, weights, ids, mask, k_gen, sampling,
-                                      grammar)
+                                      grammar, step_hidden=rollout_values)
             if tool_call:
                 parsed, failure = tool_calls.parse_tool_call(tools, out.tokens, out.mask,
                                                              sp.content_len)
@@ -230,6 +234,9 @@ def make_epoch(run) -> EpochFns:
                       embedding=emb,
                       target_author=jnp.where(parsed.feed_pos >= 0, jnp.take_along_axis(
                           feed_authors, jnp.maximum(parsed.feed_pos, 0)[:, None], 1)[:, 0], -1))
+            if rollout_values:
+                ys["values"] = jnp.where(out.mask, policy_lib.head_values(params,
+                                                                          out.step_hidden), 0.0)
             return (soc, key), (ys, record(soc, info))
 
         def settle_tick(carry, _):
@@ -286,9 +293,11 @@ def make_epoch(run) -> EpochFns:
             batch = batch.replace(fsm_states=grammar_lib.step_states(
                 grammar, batch.response_tokens, batch.response_mask))
         # each device scores its share of the rows
-        batch, rollout_lp = rows_on_data_axes((batch, flat(ro.logprobs)), mesh)
+        batch, rollout_lp, rollout_v = rows_on_data_axes(
+            (batch, flat(ro.logprobs), None if ro.values is None else flat(ro.values)), mesh)
         lp, ref, values = policy_lib.score_batch(pdef, train.params, train.ref_params, batch,
-                                                 rl_config, grammar, rollout_logprobs=rollout_lp)
+                                                 rl_config, grammar, rollout_logprobs=rollout_lp,
+                                                 rollout_values=rollout_v)
         batch = batch.replace(old_logprobs=lp, ref_logprobs=ref, values=values)
         if reuse_logprobs:  # nothing was re-scored to compare with
             gap = jnp.float32(jnp.nan)

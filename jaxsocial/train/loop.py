@@ -171,6 +171,7 @@ class SocialRL:
         self.pdef = pdef
         self._init_params, self._init_ref = params, ref
         self.old_logprobs = policy_lib.old_logprobs_source(pdef, self.rl_config, True)
+        self.old_values = policy_lib.old_values_source(pdef, self.rl_config, self.old_logprobs)
         make = grpo_lib.make_update if c.rl.algo == "grpo" else ppo_lib.make_update
         self.update = make(self.rl_config, pdef, grammar=self.grammar)
         # The society's frozen encoder (train.society_encoder): the sentence encoder, or the
@@ -504,6 +505,8 @@ class SocialRL:
             # (nothing re-scored); "rescore" = re-scored, logprob_gap = max |rollout - rescored|
             "old_logprobs": self.old_logprobs,
             **({"logprob_gap": float(v.logprob_gap)} if self.old_logprobs == "rescore" else {}),
+            # rl.old_values="rollout": the old values came from the rollout's hidden states
+            **({"old_values": "rollout"} if self.old_values == "rollout" else {}),
             # fused_epoch: one program, so rollout_s / tokens_per_s / ticks_per_s cover the
             # whole epoch (rollout, scoring and update)
             "fused_epoch": bool(self.fused),
