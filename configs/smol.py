@@ -5,7 +5,7 @@
     python launch/train.py --config=configs/smol.py --config.seed=1
     python launch/train.py --config=configs/smol.py:smoke           # 1 tiny epoch (tests)
     python launch/train.py --config=configs/smol.py:tool_call       # OASIS-style tool calls
-    python launch/study.py --config=configs/smol.py:study --seeds=3 --control \
+    python launch/study.py --config=configs/smol.py:study --seeds=3 --control --parallel=2 \
         --arm=trained: --arm=grpo:rl.algo=grpo --workdir=runs/smol_study
 
 The model is the packaged GGUF (`jaxsocial.models.zoo.smollm2_135m_instruct()`: the

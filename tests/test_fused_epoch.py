@@ -82,9 +82,10 @@ def test_old_values_from_the_rollout_match_the_scoring_forward():
         assert run.old_values == mode
         s = run.init_state()
         s, m1, _ = run.run_epoch(s)
+        assert m1.get("old_values", "rescore") == mode
         s, m2, _ = run.run_epoch(s)
-        runs[mode] = (s, m1, m2)
-    (s_a, m1_a, m2_a), (s_b, m1_b, m2_b) = runs["rescore"], runs["rollout"]
+        runs[mode] = (s, m2)
+    (s_a, m2_a), (s_b, m2_b) = runs["rescore"], runs["rollout"]
     assert "old_values" not in m2_a and m2_b["old_values"] == "rollout"
     head = sharding.to_host(s_a.train.params["value"]["head"]["kernel"])
     assert np.abs(head).max() > 0  # epoch 2's values were not all zero

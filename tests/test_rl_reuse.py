@@ -1,6 +1,7 @@
-"""The rollout's log-probs and values as the old log-probs and values (`policy.score_batch(...,
-rollout_logprobs=, rollout_values=)`, `old_logprobs`, `old_values`), and the shared-prompt forward (`prompt_group`), each
-against an independent re-scoring / full forward."""
+"""The rollout's log-probs and values as the old log-probs and values
+(`policy.score_batch(..., rollout_logprobs=, rollout_values=)`, `old_logprobs`, `old_values`),
+the scoring pass without a KL term, and the shared-prompt forward (`prompt_group`), each against
+an independent re-scoring / full forward."""
 import jax
 import jax.numpy as jnp
 import numpy as np
