@@ -174,6 +174,14 @@ def test_no_reference_forward_without_a_kl_term():
     np.testing.assert_array_equal(np.asarray(ref_0), np.asarray(lp_0))
     assert np.abs(np.asarray(ref_k) - np.asarray(lp_k))[m].max() > 1e-3
     assert flops[1] < 0.5 * flops[0], flops
+    # the update reports kl_ref only where a reference forward measured it
+    for cfg, (lp, ref_lp, _) in ((with_kl, out[0]), (no_kl, out[1])):
+        batch = traj.replace(old_logprobs=lp, ref_logprobs=ref_lp)
+        state = optim.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
+        metrics = grpo.make_update(cfg, pdef).fn(state, batch)[1]
+        assert ("kl_ref" in metrics) == (cfg.kl_coef > 0)
+        if cfg.kl_coef > 0:
+            assert float(metrics["kl_ref"]) > 0
 
 
 def test_config_rejects_unknown_modes():

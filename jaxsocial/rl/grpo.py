@@ -104,8 +104,9 @@ def make_update(cfg: GRPOConfig, pdef, donate: bool = False,
             grad_accum_steps=cfg.grad_accum_steps, micro_batch=cfg.micro_batch, key=key,
             group=cfg.prompt_group)
         g = scores.reshape(-1, cfg.group_size)
+        if policy_lib.uses_reference(cfg):  # else no reference forward ran: nothing to report
+            metrics["kl_ref"] = losses.sequence_kl(batch.old_logprobs, batch.ref_logprobs, mask)
         metrics.update(
-            kl_ref=losses.sequence_kl(batch.old_logprobs, batch.ref_logprobs, mask),
             kl_coef=train_state.kl.coef,
             score_mean=jnp.mean(batch.scores),
             score_std_in_group=jnp.mean(jnp.std(g, axis=1)),

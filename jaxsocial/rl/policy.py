@@ -237,7 +237,8 @@ def head_values(params, hidden: jax.Array) -> jax.Array:
 def uses_reference(cfg) -> bool:
     """Whether the KL to the reference is charged (kl_coef > 0, or PPO's adaptive controller).
     Without it `score_batch` runs no reference forward, as TRL does at beta = 0: the reference
-    log-probs it returns are the old log-probs, so every KL term (and the kl_ref metric) is 0."""
+    log-probs it returns are the old log-probs, so every KL term is 0 (and the updates leave out
+    their kl_ref metric)."""
     return float(cfg.kl_coef) > 0 or bool(getattr(cfg, "adaptive_kl", False))
 
 

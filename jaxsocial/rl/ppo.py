@@ -133,7 +133,8 @@ def make_update(cfg: PPOConfig, pdef, donate: bool = False, grammar=None) -> opt
     default *argument*). metrics is a dict
     of float32 scalars: policy_loss, value_loss, loss, entropy, approx_kl, clip_frac,
     vf_clip_frac, value_error, explained_variance, kl_ref (mean per-sequence k1 to the
-    reference), kl_coef, score_mean, reward_mean (token rewards summed per sequence),
+    reference; only when a KL term is charged, `policy.uses_reference`), kl_coef, score_mean,
+    reward_mean (token rewards summed per sequence),
     grad_norm, learning_rate, skipped_steps, nonfinite_skips.
     """
     if pdef.value_mode == "none":
@@ -168,8 +169,10 @@ def make_update(cfg: PPOConfig, pdef, donate: bool = False, grammar=None) -> opt
             group=cfg.prompt_group)
         kl_seq = losses.sequence_kl(batch.old_logprobs, batch.ref_logprobs, mask)
         kl_state = update_kl_state(cfg, train_state.kl, kl_seq, batch.batch_size)
+        if policy_lib.uses_reference(cfg):  # else no reference forward ran: nothing to report
+            metrics["kl_ref"] = kl_seq
         metrics.update(
-            kl_ref=kl_seq, kl_coef=train_state.kl.coef,
+            kl_coef=train_state.kl.coef,
             score_mean=jnp.mean(batch.scores),
             reward_mean=jnp.mean(jnp.sum(rewards, axis=-1)),
             explained_variance=losses.explained_variance(batch.values, returns, mask),
