@@ -29,8 +29,8 @@ the others finish, no table is written, and the exit status is 1. SIGINT / SIGTE
 launching and are passed on to the live runs, which checkpoint and exit (rerun to resume).
 
 Written to W: study.json (everything: config, overrides, arms, seeds, each run's first / last
-third and change per metric, per-arm statistics, comparisons with the control, criteria, the
-command, the date, the git commit), study.md (the table: `jaxsocial.study.markdown`; in tool_call
+third and change per metric and the seconds its epochs took, per-arm statistics, comparisons
+with the control, criteria, the command, `--parallel`, the date, the git commit), study.md (the table: `jaxsocial.study.markdown`; in tool_call
 and free mode also the parse failures by kind per epoch, `jaxsocial.study.failures_markdown`) and
 study.png (per-epoch curves of every arm; needs matplotlib: pip install -e '.[notebook]').
 """
@@ -45,7 +45,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from absl import app, flags
 
@@ -355,10 +355,15 @@ def git_state() -> Dict[str, object]:
     return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 
-def study_record(result, arms, runs, common, config_arg, command) -> dict:
-    """study.json: the inputs, every run (with its train.py command) and the statistics."""
+def study_record(result, arms, runs, common, config_arg, command, epoch_seconds=None,
+                 parallel=None) -> dict:
+    """study.json: the inputs, every run (with its train.py command and, where its metrics
+    carry them, the seconds its epochs took: `epochs_s`, set-up not included; runs sharing the
+    machine, `parallel` at a time, each take longer) and the statistics."""
     by_run = {(r.arm, r.seed): r for r in runs}
-    per_run = {arm: {str(seed): dict(summary, workdir=by_run[arm, seed].workdir,
+    epoch_seconds = epoch_seconds or {}
+    per_run = {arm: {str(seed): dict(summary, epochs_s=epoch_seconds.get((arm, seed)),
+                                     workdir=by_run[arm, seed].workdir,
                                      log=by_run[arm, seed].log,
                                      train_command=shlex.join(["python", "launch/train.py",
                                                                *by_run[arm, seed].argv]))
@@ -369,24 +374,35 @@ def study_record(result, arms, runs, common, config_arg, command) -> dict:
         "git": git_state(), "config": config_arg, "overrides": list(common),
         "arms": {a: [f"{k}={v}" for k, v in p] for a, p in arms.items()},
         "control": result["control"], "seeds": sorted({r.seed for r in runs}),
+        "parallel": parallel,
         "level": result["level"], "metrics": list(result["metrics"]), "runs": per_run,
         "stats": result["stats"], "comparisons": result["comparisons"],
         "criteria": result["criteria"]})
 
 
-def write_outputs(workdir, arms, runs, common, config_arg, say):
+def _epoch_seconds(records) -> Optional[float]:
+    """The summed `wall_s` of a run's epochs (None where any epoch lacks it)."""
+    walls = [r.get("wall_s") for r in records]
+    if not walls or any(not isinstance(w, (int, float)) for w in walls):
+        return None
+    return round(float(sum(walls)), 1)
+
+
+def write_outputs(workdir, arms, runs, common, config_arg, say, parallel=None):
     """Read every run's metrics, write study.json / study.md / study.png, print the table."""
     records = {arm: {} for arm in arms}
+    seconds = {}
     for run in runs:
         found = study.read_metrics(os.path.join(run.workdir, "metrics.jsonl"))
         records[run.arm][run.seed] = found[:run.epochs]
+        seconds[run.arm, run.seed] = _epoch_seconds(found[:run.epochs])
     result = study.analyze(records, control=study.CONTROL)
     command = shlex.join(["python", *_ARGV]) if _ARGV else None
     text = study.markdown(result, command)
     fails = study.failures(records)  # tool_call / free mode: parse failures by kind
     if fails:
         text += "\n" + study.failures_markdown(fails)
-    record = study_record(result, arms, runs, common, config_arg, command)
+    record = study_record(result, arms, runs, common, config_arg, command, seconds, parallel)
     if fails:
         record["failures"] = fails
     with open(os.path.join(workdir, "study.json"), "w", encoding="utf-8") as f:
@@ -447,7 +463,8 @@ def main(argv):
         launcher.say("no table written: rerun the same command once fixed (finished runs "
                      "are skipped)")
         sys.exit(1)
-    record = write_outputs(_WORKDIR.value, arms, runs, _OVERRIDES, _CONFIG.value, launcher.say)
+    record = write_outputs(_WORKDIR.value, arms, runs, _OVERRIDES, _CONFIG.value, launcher.say,
+                           parallel=_PARALLEL.value)
     if _RECORD.value:
         path = record_result(_RECORD.value, record, argv=_ARGV or None)
         launcher.say(f"result: {os.path.relpath(path, ROOT)}")

@@ -279,6 +279,9 @@ def test_write_outputs_of_synthetic_runs(launcher, tmp_path, capsys):
     run = data["runs"]["trained"]["1"]
     assert run["first"]["avg_likes_per_post"] == 1.0 and run["last"]["total_posts"] == 10
     assert run["train_command"] == "python launch/train.py --x"
+    assert run["epochs_s"] is None  # the synthetic metrics carry no wall_s
+    assert launcher._epoch_seconds([{"wall_s": 60.0}, {"wall_s": 61.25}]) == 121.2
+    assert launcher._epoch_seconds([{"wall_s": 60.0}, {}]) is None
     assert set(data["git"]) == {"commit", "dirty"} and data["date"]
     assert data["comparisons"]["trained"]["avg_likes_per_post"]["diff"] == pytest.approx(2.25)
     assert os.path.exists(tmp_path / "study.md")
