@@ -30,9 +30,10 @@ launching and are passed on to the live runs, which checkpoint and exit (rerun t
 
 Written to W: study.json (everything: config, overrides, arms, seeds, each run's first / last
 third and change per metric and the seconds its epochs took, per-arm statistics, comparisons
-with the control, criteria, the command, `--parallel`, the date, the git commit), study.md (the table: `jaxsocial.study.markdown`; in tool_call
-and free mode also the parse failures by kind per epoch, `jaxsocial.study.failures_markdown`) and
-study.png (per-epoch curves of every arm; needs matplotlib: pip install -e '.[notebook]').
+with the control, criteria, the command, `--parallel`, the date, the git commit), study.md (the
+table: `jaxsocial.study.markdown`; in tool_call and free mode also the parse failures by kind
+per epoch, `jaxsocial.study.failures_markdown`) and study.png (per-epoch curves of every arm;
+needs matplotlib: pip install -e '.[notebook]').
 """
 
 import dataclasses
