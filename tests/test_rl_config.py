@@ -57,7 +57,7 @@ def test_every_field_is_reachable_under_its_own_name(algo):
         "adaptive_kl": True, "adaptive_kl_init": 0.3, "kl_target": 2.0, "kl_horizon": 500.0,
         "group_size": 4, "loss_aggregation": "seq_mean", "scale_rewards": False,
         "std_eps": 1e-3, "std_ddof": 0, "old_logprobs": "rescore", "prompt_group": 4,
-        "kl_per": "sequence",
+        "kl_per": "sequence", "old_values": "rollout",
     }
     assert set(new_values) == names  # the test covers every field
     c = run_config.base_config()
