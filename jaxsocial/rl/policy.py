@@ -280,21 +280,13 @@ def score_batch(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, gra
     """
     source = old_logprobs_source(pdef, cfg, rollout_logprobs is not None)
     rows = batch.response_tokens.shape[0]
-    if source == "rollout":
-        rollout_logprobs = jnp.asarray(rollout_logprobs, jnp.float32)
-        if rollout_logprobs.shape != batch.response_tokens.shape:
-            raise ValueError(f"rollout_logprobs has shape {rollout_logprobs.shape}, expected "
-                             f"{batch.response_tokens.shape}")
-    else:
-        rollout_logprobs = None
+    rollout_logprobs = (_per_token("rollout_logprobs", rollout_logprobs, batch)
+                        if source == "rollout" else None)
     if old_values_source(pdef, cfg, source) == "rollout":
         if rollout_values is None:
             raise ValueError("old_values='rollout' needs the rollout's values: pass "
                              "score_batch(..., rollout_values=...)")
-        rollout_values = jnp.asarray(rollout_values, jnp.float32)
-        if rollout_values.shape != batch.response_tokens.shape:
-            raise ValueError(f"rollout_values has shape {rollout_values.shape}, expected "
-                             f"{batch.response_tokens.shape}")
+        rollout_values = _per_token("rollout_values", rollout_values, batch)
     else:
         rollout_values = None
     micro = int(getattr(cfg, "micro_batch", 0) or 0)
@@ -313,6 +305,14 @@ def score_batch(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, gra
                             out)
     return _score_rows(pdef, params, ref_params, batch, cfg, grammar, rollout_logprobs,
                        rollout_values)
+
+
+def _per_token(name: str, x, batch: Trajectory) -> jax.Array:
+    """x as float32 [B, R], the shape of batch.response_tokens (ValueError naming x if not)."""
+    x = jnp.asarray(x, jnp.float32)
+    if x.shape != batch.response_tokens.shape:
+        raise ValueError(f"{name} has shape {x.shape}, expected {batch.response_tokens.shape}")
+    return x
 
 
 def _score_rows(pdef: PolicyDef, params, ref_params, batch: Trajectory, cfg, grammar=None,
