@@ -72,8 +72,8 @@ def test_old_values_from_the_rollout_match_the_scoring_forward():
     """rl.old_values="rollout" (the value head over the generator's hidden states, no scoring
     forward for the values): two epochs agree with the default path (the first epoch's head is
     zero-initialised, so the second, whose values are non-zero, is the real comparison), and
-    the metrics say where the values came from. Negative control: a 0.1% change of the trained
-    state is caught by the same comparison."""
+    the metrics say where the values came from. Negative control: one weight moved by 0.3% of its
+    leaf's scale is caught by the same comparison."""
     runs = {}
     for mode in ("rescore", "rollout"):
         c = load_config_file("configs/demo.py", "smoke")
