@@ -35,6 +35,12 @@ NOTEBOOK = ["matplotlib>=3.8,<4", "nbconvert>=7.16,<8", "ipykernel>=6.29", "pand
 # first use without its heavy dependencies (spacy, langchain, nemo-evaluator).
 IFBENCH = ["if-verifiable==0.1.2"]
 
+# libtpu from PyPI: JAX compiles a run's programs for a TPU topology on this CPU, no TPU attached
+# (jaxsocial.scale: benchmarks/aot_memory.py --target=tpu:..., train.preflight). The version
+# jax[tpu]==0.10.2 pins. On a machine with neither TPU nor GPU, importing jaxsocial points JAX at
+# the CPU (unless JAX_PLATFORMS is set), so libtpu's backend does not start and print its errors.
+TPU_AOT = ["libtpu==0.0.42.1"]
+
 EXTRAS = {
     # torch==2.13.0 exactly: the CPU build here; the parity tests compare against its Llama.
     # The eval stack is included so CI runs the lm-eval integration tests (~25 s to install).
@@ -43,11 +49,13 @@ EXTRAS = {
     # The notebook stack is included so CI executes the notebook (~30 s to install).
     # pytest-xdist: pytest.ini runs the suite on every core (-n auto, at most 4 workers).
     # The IFBench checkers are included so CI tests skill evolution (~12 s to install; datasets
-    # already comes with the eval stack).
+    # already comes with the eval stack). libtpu is included so CI compiles an epoch for a TPU
+    # topology (a 213 MB wheel).
     "test": ["pytest>=8", "pytest-xdist>=3.7,<4", "ruff>=0.17,<0.18", "torch==2.13.0",
              "accelerate>=1.10,<2"]
-    + SMOL + EVAL + NOTEBOOK + IFBENCH,
+    + SMOL + EVAL + NOTEBOOK + IFBENCH + TPU_AOT,
     "ifbench": IFBENCH,
+    "tpu-aot": TPU_AOT,
     "smol": SMOL,
     "eval": EVAL,
     "notebook": NOTEBOOK,

@@ -61,14 +61,15 @@ def _cpu():
 def main(_):
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
-    from jaxsocial.train import loop
+    from jaxsocial.train import run as run_lib
     c = _config()
-    run = loop.SocialRL(c)
+    run = run_lib.build_run(c)
     state = run.init_state()
     setup, setup_cpu = time.perf_counter() - t0, _cpu()
     print(f"set-up {setup:.1f} s (load average {load0:.1f}); "
-          f"prompt slots {run.template.max_len}, new tokens {run.sampling.max_new_tokens}, "
-          f"agents {run.num_agents}, ticks {int(c.rollout.ticks_per_epoch)}, "
+          f"prompt slots {run.setup.template.max_len}, "
+          f"new tokens {run.setup.sampling.max_new_tokens}, "
+          f"agents {run.setup.num_agents}, ticks {int(c.rollout.ticks_per_epoch)}, "
           f"lora_rank {int(c.rl.lora_rank)}, ppo_epochs {int(c.rl.ppo_epochs)}", flush=True)
     epochs = FLAGS.epochs or int(c.train.epochs)
     rows = []

@@ -18,7 +18,8 @@ import numpy as np
 from common import NO_RECORD_HELP, finish
 from flax import nnx
 
-from jaxsocial.train import loop, sharding, society_encoder
+from jaxsocial.train import run as run_lib
+from jaxsocial.train import sharding, society_encoder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -54,10 +55,10 @@ def main():
     mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
     figures = {}
     for encoder in ("reference", "minilm"):
-        run = loop.SocialRL(_config(encoder, args.ticks), mesh=mesh)
+        run = run_lib.build_run(_config(encoder, args.ticks), mesh=mesh)
         state = run.init_state()
         key = jax.random.key(1)
-        roll = lambda: run._rollout(state.train.params, state.train.ref_params,  # noqa: E731
+        roll = lambda: run.rollout(state.train.params, state.train.ref_params,  # noqa: E731
                                     state.society, key)[1].embedding
         t0 = time.perf_counter()
         jax.block_until_ready(roll())
@@ -66,16 +67,17 @@ def main():
         print(f"{encoder:>9}: rollout {figures[f'{encoder}_rollout_s']:.3f} s "
               f"(first call, compiling: {figures[f'{encoder}_first_s']:.1f} s)")
         if encoder == "minilm":
-            rows = np.asarray(run.crowd_text.posts.tokens[:run.active])
-            figures["callback_s"], (ids, mask) = _best(lambda: run.retokenizer(rows),
+            rows = np.asarray(run.text.crowd_text.posts.tokens[:run.setup.active])
+            enc = run.setup.encoder
+            figures["callback_s"], (ids, mask) = _best(lambda: enc.retokenizer(rows),
                                                        args.repeats * 10)
-            fwd = jax.jit(lambda p, i, m: nnx.merge(run.encoder_graphdef, p).hidden_states(i, m))
-            jax.block_until_ready(fwd(run.encoder_params, ids, mask))
+            fwd = jax.jit(lambda p, i, m: nnx.merge(enc.graphdef, p).hidden_states(i, m))
+            jax.block_until_ready(fwd(run.encoder, ids, mask))
             figures["encoder_forward_s"], _ = _best(
-                lambda: fwd(run.encoder_params, ids, mask), args.repeats * 10)
+                lambda: fwd(run.encoder, ids, mask), args.repeats * 10)
             ticks = int(run.config.rollout.ticks_per_epoch)
             figures["ticks"] = ticks
-            print(f"  per agent tick ({run.active} rows): re-tokenize callback "
+            print(f"  per agent tick ({run.setup.active} rows): re-tokenize callback "
                   f"{1e3 * figures['callback_s']:.2f} ms, encoder forward "
                   f"{1e3 * figures['encoder_forward_s']:.2f} ms ({ticks} ticks a rollout)")
     figures["ratio"] = figures["minilm_rollout_s"] / figures["reference_rollout_s"]

@@ -58,26 +58,30 @@ def profile(config, repeats=2, trace_dir="", peak_tflops=0.0):
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxsocial.train import loop, sharding
+    from jaxsocial.train import run as run_lib
+    from jaxsocial.train import sharding
 
     t0 = time.perf_counter()
-    run = loop.SocialRL(config)
+    run = run_lib.build_run(config)
     state = run.init_state()
     setup_s = time.perf_counter() - t0
     key = jax.random.key(0)
     args = (state.train.params, state.train.ref_params, state.society, key)
     t0 = time.perf_counter()
-    rollout = _bound(run._rollout, run._rollout.lower(*args).compile())
+    compiled = [run.rollout.lower(*args).compile()]
+    rollout = _bound(run.rollout, compiled[-1])
     compile_rollout = time.perf_counter() - t0
     soc, ro = rollout(*args)
     jax.block_until_ready(ro.tokens)
     bonus = jnp.zeros(ro.created_id.shape, jnp.float32)
     t0 = time.perf_counter()
-    score = _bound(run._score, run._score.lower(state.train, ro, bonus).compile())
+    compiled.append(run.score.lower(state.train, ro, bonus).compile())
+    score = _bound(run.score, compiled[-1])
     batch = score(state.train, ro, bonus)[0]
     # As run_epoch: trajectories along the data axes.
     batch = sharding.put_global(batch, sharding.tree_data_shardings(batch, run.mesh))
-    update = _bound(run.update, run.update.lower(state.train, batch).compile())
+    compiled.append(run.setup.update.lower(state.train, batch).compile())
+    update = _bound(run.setup.update, compiled[-1])
     compile_update = time.perf_counter() - t0
     roll_t, upd_t, tokens, trained = [], [], [], []
     for i in range(repeats):
@@ -100,9 +104,9 @@ def profile(config, repeats=2, trace_dir="", peak_tflops=0.0):
             soc, ro = rollout(state.train.params, state.train.ref_params, soc, key)
             jax.block_until_ready(ro.tokens)
     ticks = int(config.rollout.ticks_per_epoch)
-    traj = ticks * run.num_agents
+    traj = ticks * run.setup.num_agents
     roll, upd = float(np.median(roll_t)), float(np.median(upd_t))
-    n_params = run.model_config.num_params()
+    n_params = run.setup.model_config.num_params()
     out = {
         "config": config.name, "devices": jax.device_count(), "mesh": list(run.mesh.shape.values()),
         "backend": jax.default_backend(), "params": n_params,
@@ -116,11 +120,22 @@ def profile(config, repeats=2, trace_dir="", peak_tflops=0.0):
     }
     mem, kind = _peak_memory_gb()
     out["peak_memory_gb"], out["peak_memory_kind"] = mem, kind
+    # The compiler's own count beside the measured peak: the largest program's argument +
+    # output + temp - alias bytes per device (`compiled.memory_analysis()`).
+    out["compiled_memory_gb"] = max(_program_bytes(c) for c in compiled) / 1e9
     if peak_tflops:
         peak = peak_tflops * 1e12 * jax.device_count()
         out["rollout_mfu"] = 2 * n_params * out["tokens_per_s"] / peak
         out["update_mfu"] = (6 + 4) * n_params * out["ppo_tokens_per_s"] / peak
     return out
+
+
+def _program_bytes(compiled) -> int:
+    ma = compiled.memory_analysis()
+    if ma is None:
+        return 0
+    return int(ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
+               - ma.alias_size_in_bytes)
 
 
 def format_table(res):

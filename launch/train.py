@@ -130,13 +130,17 @@ def main(argv):
     from jaxsocial.train import checks, workdir_lock
     try:  # a config that fails its check writes nothing, not even the workdir
         checks.check(config)
+        if config.train.get("preflight", ""):  # compiled for its target before anything else
+            from jaxsocial.scale import preflight
+
+            preflight.check(config)
         # Refused here too (runner.train takes the lock itself), so that a second run on a
         # live workdir does not write into the first one's train.log. Multi-host: process 0
         # holds the lock for all of them.
         if int(config.distributed.get("process_id", -1)) <= 0:
             workdir_lock.check_free(workdir)
         workdir_lock.prepare(workdir)
-    except (ValueError, workdir_lock.WorkdirBusy) as e:
+    except (ValueError, ImportError, workdir_lock.WorkdirBusy) as e:
         console.write(f"error: {_one_line(e)}\n")
         sys.exit(1)
     if not _VERBOSE.value:

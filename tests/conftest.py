@@ -10,6 +10,9 @@ TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 os.environ["XLA_FLAGS"] = " ".join(
     [TEST_XLA_FLAGS, os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8"])
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# libtpu (compiling for a TPU topology, tests/test_preflight.py) takes a machine-wide lock file
+# unless told that several processes may load it: pytest's workers each compile on their own.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

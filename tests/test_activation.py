@@ -1,4 +1,5 @@
 """Agent activation over the society's 24-hour clock (jaxsocial.social.activation)."""
+import dataclasses
 import itertools
 import json
 
@@ -10,7 +11,8 @@ from conftest import load_config_file
 
 from jaxsocial.social import activation
 from jaxsocial.social.state import SocialParams
-from jaxsocial.train import epoch, loop, sharding
+from jaxsocial.train import epoch, sharding
+from jaxsocial.train import run as run_lib
 
 
 def test_hour_of_tick_matches_the_wall_clock():
@@ -100,16 +102,18 @@ def _smoke(active=4):
 
 def test_the_rollout_draws_its_agents_from_the_hours_profile():
     c = _smoke()
-    run = loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
-    assert run.activation.shape == (c.agents.num_agents, 24)
+    run = run_lib.build_run(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    assert run.setup.activation.shape == (c.agents.num_agents, 24)
     # Even hours: only even agents may act; odd hours: only odd ones (4 of each, B = 4).
     hours, agents = np.arange(24), np.arange(c.agents.num_agents)
-    run.activation = ((hours[None, :] % 2) == (agents[:, None] % 2)).astype(np.float32)
-    fns = epoch.make_epoch(run)  # the pure functions read the set-up when built
+    setup = dataclasses.replace(
+        run.setup, activation=((hours[None, :] % 2) == (agents[:, None] % 2)).astype(np.float32))
+    fns = epoch.make_epoch(setup)  # the pure functions read the set-up when built
     state = run.init_state()
     _, ro = jax.jit(fns.rollout)(state.train.params, state.train.ref_params, state.society,
-                                 jax.random.key(3), grammar=run.grammar)
-    hour = [int(activation.hour_of_tick(t, run.social_params)) for t in np.asarray(ro.tick)]
+                                 jax.random.key(3), grammar=run.setup.grammar,
+                                 encoder=run.encoder)
+    hour = [int(activation.hour_of_tick(t, run.setup.social_params)) for t in np.asarray(ro.tick)]
     assert len(set(h % 2 for h in hour)) == 2  # both parities occur in the epoch
     for h, row in zip(hour, np.asarray(ro.agent)):
         assert sorted(row) == [i for i in agents if i % 2 == h % 2], (h, row)
@@ -129,4 +133,4 @@ def test_bad_activation_configs_are_named(change, message):
         else:
             c.agents.activation[k] = v
     with pytest.raises(ValueError, match=message):
-        loop.SocialRL(c)
+        run_lib.build_run(c)

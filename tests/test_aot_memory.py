@@ -1,5 +1,5 @@
 """memory.estimate against XLA's own memory_analysis of programs compiled here, on abstract
-weights (`jaxsocial.train.aot`), at shapes the estimator's terms were not set against: the PPO
+weights (`jaxsocial.scale.aot`), at shapes the estimator's terms were not set against: the PPO
 update on 1 and 8 fake devices, and demo.py:smoke's one-program epoch with its layers unrolled
 on one device and scanned on (1, 8, 1). Each comparison has a negative control: an estimate
 without its working set, or with a wrong term, misses the same bound.
@@ -15,7 +15,9 @@ import pytest
 
 from jaxsocial.models import llama
 from jaxsocial.rl import ppo
-from jaxsocial.train import aot, memory, sharding
+from jaxsocial.scale import aot
+from jaxsocial.train import memory, sharding
+from jaxsocial.train import setup as setup_lib
 
 # Held-out shapes: the estimator's update terms were set against 16 rows of 24 + 8 tokens in
 # micro-batches of 8; these are 8 rows of 64 + 16 tokens in micro-batches of 4.
@@ -78,7 +80,7 @@ _GENERAL_SIZES = {}
 def general_abstract_run():
     """configs/general.py as an abstract 8B run on one device (no weights; 1 decoder layer: the
     society, the text banks and the grammar do not depend on the depth). Records what
-    `SocialRL.memory_estimate` passes `memory.estimate` for them: its SocialParams, the text
+    `setup.memory_estimate` passes `memory.estimate` for them: its SocialParams, the text
     banks' rows and the grammar's bytes (`general_sizes`)."""
     from conftest import load_config_file
 
@@ -86,9 +88,9 @@ def general_abstract_run():
     run = aot.abstract_run(c, sharding.make_mesh((1, 1, 1), jax.devices()[:1]),
                            {"num_hidden_layers": 1})
     _GENERAL_SIZES.update(
-        social_params=run.social_params,
-        text_rows=int(run.crowd_text.posts.size + run.crowd_text.comments.size),
-        grammar_bytes=memory.tree_bytes(run.grammar))
+        social_params=run.setup.social_params,
+        text_rows=int(run.text.crowd_text.posts.size + run.text.crowd_text.comments.size),
+        grammar_bytes=memory.tree_bytes(run.setup.grammar))
     return run
 
 
@@ -107,37 +109,40 @@ def test_general_py_abstract_run_estimates_the_whole_epochs_rows():
     tick, 30,720 with activation), not by one tick's batch."""
     run = general_abstract_run()
     c = run.config
-    assert run.active == 96 and run.activation.shape == (196, 24)
-    # general.py scans its layers, and SocialRL.memory_estimate estimates that program.
-    assert c.model.scan_layers and run.model_config.scan_layers
-    run.model_config = run.model_config.replace(scan_layers=False)
-    unrolled = run.memory_estimate()
-    run.model_config = run.model_config.replace(scan_layers=True)
-    assert run.memory_estimate().programs["rollout"] > unrolled.programs["rollout"]
-    assert int(c.rollout.ticks_per_epoch) * run.active == 30_720
-    full = run.memory_estimate()
-    run.config.rollout.ticks_per_epoch = 8  # 768 rows: one micro-batch of 8 per 96 rows
-    few = run.memory_estimate()
+    setup = run.setup
+    assert setup.active == 96 and setup.activation.shape == (196, 24)
+
+    def est(**changes):
+        return setup_lib.memory_estimate(dataclasses.replace(setup, **changes))
+
+    mc = setup.model_config
+    # general.py scans its layers, and setup.memory_estimate estimates that program.
+    assert c.model.scan_layers and mc.scan_layers
+    unrolled = est(model_config=mc.replace(scan_layers=False))
+    assert est().programs["rollout"] > unrolled.programs["rollout"]
+    assert int(c.rollout.ticks_per_epoch) * setup.active == 30_720
+    full = est()
+    c.rollout.ticks_per_epoch = 8  # 768 rows: one micro-batch of 8 per 96 rows
+    few = est()
     # general.py scores in micro-batches of rl.micro_batch=8 rows split along the data axes:
     # the scoring pass does not grow with the epoch's rows (only the stored batch does).
     assert full.programs["score"] < 2 * few.programs["score"]
     # Without micro-batches it holds every row at once (docs/scaling.md): 40x the rows.
-    run.rl_config = dataclasses.replace(run.rl_config, micro_batch=0)
-    run.config.rollout.ticks_per_epoch = 320
-    all_rows = run.memory_estimate()
-    run.config.rollout.ticks_per_epoch = 8
-    assert all_rows.programs["score"] > 10 * run.memory_estimate().programs["score"]
+    whole = dataclasses.replace(setup.rl_config, micro_batch=0)
+    c.rollout.ticks_per_epoch = 320
+    all_rows = est(rl_config=whole)
+    c.rollout.ticks_per_epoch = 8
+    assert all_rows.programs["score"] > 10 * est(rl_config=whole).programs["score"]
     # The rollout generates B rows per tick either way (only its per-tick outputs grow: the
     # [T, B] trajectories and the [T, P] post records, 0.6 GiB here for 40x the ticks).
     assert 0 < full.programs["rollout"] - few.programs["rollout"] < 0.7 * memory.GiB
     # The prefill runs in 8 chunks of 184 prompt tokens (`SamplingConfig.prefill_chunks`),
     # each under model.attention_chunk=256's query block, so the block does not change the
     # rollout (it still blocks scoring's and the update's 1600-token forwards).
-    assert run.model_config.attention_chunk == 256
-    run.model_config = run.model_config.replace(num_hidden_layers=32)  # the 8B's depth
-    chunked = run.memory_estimate()
-    run.model_config = run.model_config.replace(attention_chunk=0)
-    unblocked = run.memory_estimate()
+    assert mc.attention_chunk == 256
+    deep = mc.replace(num_hidden_layers=32)  # the 8B's depth
+    chunked = est(model_config=deep, rl_config=whole)  # scoring every row at once
+    unblocked = est(model_config=deep.replace(attention_chunk=0), rl_config=whole)
     assert unblocked.programs["rollout"] == chunked.programs["rollout"]
     assert unblocked.programs["score"] > 2 * chunked.programs["score"]
 
@@ -145,7 +150,7 @@ def test_general_py_abstract_run_estimates_the_whole_epochs_rows():
 def test_general_py_estimate_counts_the_society_and_the_grammar():
     """The society (an argument and an output of the rollout, both copies alive beside
     scoring) and the grammar (an argument of scoring) are in general.py's scoring estimate, as
-    `SocialRL.memory_estimate` passes them (`general_sizes`), on 8 x H100's (1, 8, 1)."""
+    `setup.memory_estimate` passes them (`general_sizes`), on 8 x H100's (1, 8, 1)."""
     sizes = general_sizes()
     mesh_shape = (1, 8, 1)
     cfg = llama.preset("llama3_8b", dtype="bfloat16", param_dtype="bfloat16", remat=True,
@@ -180,7 +185,7 @@ def test_the_one_program_epoch_compiles_abstractly_and_donates_its_state(scan_la
     c.mesh.shape = mesh_shape
     n = mesh_shape[0] * mesh_shape[1] * mesh_shape[2]
     run = aot.abstract_run(c, sharding.make_mesh(mesh_shape, jax.devices()[:n]))
-    assert run.model_config.scan_layers == scan_layers
+    assert run.setup.model_config.scan_layers == scan_layers
     (mem,) = aot.compile_epoch(run, programs=("epoch",))
     state_bytes = aot.per_device_bytes(aot.abstract_state(run))
     assert mem.name == "epoch" and mem.argument >= state_bytes
@@ -191,7 +196,7 @@ def test_the_one_program_epoch_compiles_abstractly_and_donates_its_state(scan_la
     # activations) is nearly all of the program here, so an estimate without it fails the
     # bound (negative control).
     est = run.memory_estimate()
-    assert run.fused and abs(est.programs["epoch"] - mem.total) / mem.total < 0.2, (
+    assert run.setup.fused and abs(est.programs["epoch"] - mem.total) / mem.total < 0.2, (
         est.programs["epoch"], mem)
     assert (est.programs["epoch"] - est.working["epoch"]) / mem.total < 0.8
 

@@ -1,18 +1,19 @@
 """Size bounds checked from the config alone (`train.bounds`, part of `checks.check`): a
 persona, an agent count, a response length or a post ring too large for the machine is refused
 in one line naming its key, before anything is allocated; and the set-up's memory check
-(`SocialRL._check_memory`) also runs on the CPU."""
+(`setup.check_memory`) also runs on the CPU."""
 import types
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from conftest import load_config_file
 
 from jaxsocial.models import llama
-from jaxsocial.train import bounds, checks, loop, memory
+from jaxsocial.train import bounds, checks, memory, sharding
 from jaxsocial.train import config as run_config
+from jaxsocial.train import run as run_lib
+from jaxsocial.train import setup as setup_lib
 
 GiB = memory.GiB
 RAM = int(23.5 * GiB)  # the figures below are for a 23.5 GiB CPU host (the tests' 8 devices)
@@ -42,9 +43,9 @@ def persona(chars: int) -> str:
     return (text * (chars // len(text) + 1))[:chars].strip()
 
 
-def refusal(c) -> str:
+def refusal(c, machine: bool = True) -> str:
     with pytest.raises(ValueError) as e:
-        checks.check(c)
+        checks.check(c, machine=machine)
     msg = str(e.value)
     assert "\n" not in msg, msg
     return msg
@@ -151,12 +152,13 @@ def test_multi_process_runs_keep_only_the_hard_limits(ram):
 
 
 def test_abstract_builds_keep_only_the_hard_limits(ram):
-    """`bounds.abstract_build` (for train.aot's abstract runs, compiled for another machine)."""
+    """`checks.check(config, machine=False)` (for scale.aot's abstract runs, compiled for
+    another machine)."""
     c = smoke(**{"rollout.max_new_tokens": 1_000_000})
-    with bounds.abstract_build():
-        checks.check(c)
-        assert "MAX_PERSONA_TOKENS" in refusal(smoke(**{"agents.personas": (persona(10_000),)}))
-    assert "rollout.max_new_tokens" in refusal(c)  # and outside it, the memory again
+    checks.check(c, machine=False)
+    assert "MAX_PERSONA_TOKENS" in refusal(smoke(**{"agents.personas": (persona(10_000),)}),
+                                           machine=False)
+    assert "rollout.max_new_tokens" in refusal(c)  # and with the machine, the memory again
 
 
 def test_the_launcher_refuses_before_the_workdir(ram, tmp_path, monkeypatch, capsys):
@@ -217,11 +219,11 @@ def test_encode_bytes_follows_xla():
     """`memory.encode_bytes` against XLA's temp for the text-bank pass (the tiny preset)."""
     from flax import nnx
 
-    from jaxsocial.train import epoch
+    from jaxsocial.train import society_encoder
 
     cfg = llama.preset("tiny")
     graphdef, state = nnx.split(nnx.eval_shape(lambda: llama.Llama(cfg, rngs=nnx.Rngs(0))))
-    fn = jax.jit(lambda s, x: epoch.pooled_states(graphdef, s, x))
+    fn = jax.jit(lambda s, x: society_encoder.pooled_states(graphdef, s, x))
     rows, length = 16, 512
     temp = fn.lower(state, jax.ShapeDtypeStruct((rows, length), jnp.int32)).compile() \
         .memory_analysis().temp_size_in_bytes
@@ -235,7 +237,8 @@ def test_update_without_remat_follows_xla():
     """memory.estimate's update without remat (the demo's) against XLA's temp: the attention's
     saved scores dominate at long prompts (a long persona)."""
     from jaxsocial.rl import ppo
-    from jaxsocial.train import aot, sharding
+    from jaxsocial.scale import aot
+    from jaxsocial.train import sharding
 
     cfg = llama.preset("tiny")
     rows, prompt, response = 16, 512, 8
@@ -255,26 +258,34 @@ def test_update_without_remat_follows_xla():
 # the set-up's memory check runs on every backend
 
 
-def _run_stub(params):
+def _setup_stub(c, monkeypatch):
+    """A set-up on a (2, 1, 1) mesh whose estimate is 6 GiB per device (`memory_estimate`
+    patched: the check itself is under test)."""
     est = memory.MemoryEstimate(params=GiB, grads=GiB, optimizer=2 * GiB, reference=GiB,
                                 kv_cache=GiB, activations=GiB,
                                 programs={"epoch": 6 * GiB})
+    monkeypatch.setattr(setup_lib, "memory_estimate", lambda setup: est)
     return types.SimpleNamespace(
-        _init_params=params, memory_estimate=lambda: est,
-        mesh=types.SimpleNamespace(local_devices=jax.devices()[:2],
-                                   shape={"data": 2, "fsdp": 1, "tensor": 1}))
+        config=c, mesh=types.SimpleNamespace(local_devices=jax.devices()[:2],
+                                             shape={"data": 2, "fsdp": 1, "tensor": 1}))
 
 
-def test_check_memory_refuses_on_the_cpu(ram):
+def test_check_memory_refuses_on_the_cpu(ram, monkeypatch):
     c = smoke()
-    run = _run_stub({"w": jnp.zeros(2)})
+    setup = _setup_stub(c, monkeypatch)
     assert memory.device_memory_bytes() is None  # the CPU backend reports none
-    loop.SocialRL._check_memory(run, c)  # 2 devices x 6 GiB in 23.5 GiB: fits
+    setup_lib.check_memory(setup)  # 2 devices x 6 GiB in 23.5 GiB: fits
     ram(10 * GiB)
     with pytest.raises(ValueError) as e:
-        loop.SocialRL._check_memory(run, c)
+        setup_lib.check_memory(setup)
     msg = str(e.value)
     assert "\n" not in msg and "model.preset='tiny'" in msg and "mesh.shape=(2, 1, 1)" in msg
     assert "12.0 GiB" in msg and "10.0 GiB of RAM" in msg, msg
-    # An abstract run (train.aot: ShapeDtypeStruct weights) allocates nothing.
-    loop.SocialRL._check_memory(_run_stub({"w": jax.ShapeDtypeStruct((2,), np.float32)}), c)
+    # The set-up refuses it; an abstract run (scale.aot: ShapeDtypeStruct weights) allocates
+    # nothing and is not checked against this machine.
+    mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+    ram(5 * GiB)
+    with pytest.raises(ValueError, match="GiB of RAM"):
+        setup_lib.build_setup(c, mesh)
+    run = run_lib.abstract_run(c, mesh)
+    assert isinstance(jax.tree.leaves(run.weights.ref)[0], jax.ShapeDtypeStruct)

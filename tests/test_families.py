@@ -40,7 +40,8 @@ from jaxsocial.generation import SamplingConfig, generate
 from jaxsocial.models import checkpoint_hf, llama
 from jaxsocial.models.tokenizer import tiny_tokenizer
 from jaxsocial.rl import lora
-from jaxsocial.train import loop, sharding
+from jaxsocial.train import run as run_lib
+from jaxsocial.train import sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -374,8 +375,8 @@ def test_training_loop_smoke_per_family(model_type, qwen3_checkpoint, tmp_path):
     c = load_config_file("configs/demo.py", "smoke")
     c.model.checkpoint = os.fspath(ckpt)
     c.crowd_text.cache = False  # no pooled-state cache written under the user's cache dir
-    run = loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
-    mc = run.model_config
+    run = run_lib.build_run(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    mc = run.setup.model_config
     assert mc.model_type == model_type
     assert {"qwen2": mc.qkv_bias and mc.tie_word_embeddings and mc.layer_types is not None,
             "qwen3": mc.qk_norm and mc.o_bias}[model_type], mc

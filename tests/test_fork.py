@@ -11,7 +11,8 @@ import jax
 import pytest
 from conftest import ONE_DEVICE_ENV, load_config_file
 
-from jaxsocial.train import loop, runner, sharding
+from jaxsocial.train import run as run_lib
+from jaxsocial.train import runner, sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = ("tokens_per_s", "ticks_per_s", "rollout_s", "wall_s")
@@ -41,10 +42,10 @@ def config(**overrides):
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    """A 3-epoch run W and the SocialRL that trained it (one device)."""
+    """A 3-epoch run W and the Run that trained it (one device)."""
     w = str(tmp_path_factory.mktemp("fork") / "world")
     c = config()
-    run = loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1]))
+    run = run_lib.build_run(c, mesh=sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1]))
     runner.train(c, w, run=run)
     return w, c, run
 

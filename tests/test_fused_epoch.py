@@ -1,10 +1,11 @@
-"""One compiled program per epoch (`SocialRL.fns.epoch`) against the three-program path."""
+"""One compiled program per epoch (`Run.epoch`) against the three-program path."""
 import jax
 import numpy as np
 from conftest import load_config_file
 from test_train_loop import assert_trained, mismatches, perturbed, trained_parts
 
-from jaxsocial.train import loop, sharding
+from jaxsocial.train import run as run_lib
+from jaxsocial.train import sharding
 
 TIMING = ("tokens_per_s", "ticks_per_s", "rollout_s", "wall_s", "fused_epoch")
 TOL = dict(rtol=1e-5, atol=1e-6)
@@ -14,7 +15,7 @@ def _run(fused, seed=0):
     c = load_config_file("configs/demo.py", "smoke")
     c.train.fused_epoch = fused
     c.seed = seed
-    return loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    return run_lib.build_run(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
 
 
 def _strip(m):
@@ -25,7 +26,7 @@ def _strip(m):
 
 def test_one_program_epoch_matches_three_programs_and_compiles_once():
     fused, three = _run(True), _run(False)
-    assert fused.fused and not three.fused
+    assert fused.setup.fused and not three.setup.fused
     s_f, s_t = fused.init_state(), three.init_state()
     init = trained_parts(s_f.train)
     assert mismatches(init, trained_parts(s_t.train)) == []
@@ -65,7 +66,8 @@ def test_one_program_epoch_matches_three_programs_and_compiles_once():
 def test_a_host_side_reward_keeps_three_programs():
     c = load_config_file("configs/demo.py", "smoke")
     c.code.enabled = True
-    assert not loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1])).fused
+    run = run_lib.build_run(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    assert not run.setup.fused
 
 
 def test_old_values_from_the_rollout_match_the_scoring_forward():
@@ -78,8 +80,8 @@ def test_old_values_from_the_rollout_match_the_scoring_forward():
     for mode in ("rescore", "rollout"):
         c = load_config_file("configs/demo.py", "smoke")
         c.rl.old_values = mode
-        run = loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
-        assert run.old_values == mode
+        run = run_lib.build_run(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+        assert run.setup.old_values == mode
         s = run.init_state()
         s, m1, _ = run.run_epoch(s)
         assert m1.get("old_values", "rescore") == mode

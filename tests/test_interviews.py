@@ -1,4 +1,4 @@
-"""Interviews (`agents.interviews`, `SocialRL.interview`, launch/interview.py): the agents answer
+"""Interviews (`agents.interviews`, `Run.interview`, launch/interview.py): the agents answer
 a question outside the society. The run with interviews trains exactly as the run without them
 (nothing is posted or rewarded), the answers land in interviews.jsonl and summary.md, and the
 launcher reproduces them from the checkpoint."""
@@ -11,7 +11,8 @@ import jax
 import pytest
 from conftest import ONE_DEVICE_ENV, load_config_file
 
-from jaxsocial.train import checks, loop, runner, sharding
+from jaxsocial.train import checks, runner, sharding
+from jaxsocial.train import run as run_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = ("tokens_per_s", "ticks_per_s", "rollout_s", "wall_s")
@@ -34,7 +35,7 @@ def records(workdir):
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("interviews")
     c = config(QUESTIONS)
-    run = loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1]))
+    run = run_lib.build_run(c, mesh=sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1]))
     runner.train(c, str(base / "asked"), run=run)
     runner.train(config(), str(base / "plain"), run=run)
     return base

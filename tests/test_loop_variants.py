@@ -1,6 +1,6 @@
 """Social-loop epochs outside the PPO + crowd default: GRPO, and the LLM-only society.
 
-Each test builds the real trainer set-up (`loop.SocialRL`) from `configs/demo.py:smoke` on one
+Each test builds the real trainer set-up (`train.run.build_run`) from `configs/demo.py:smoke` on one
 device and runs its first epoch (rollout, social reward, scoring, update), next to a negative
 control that differs from it by one config key:
 
@@ -30,7 +30,8 @@ from conftest import load_config_file
 from test_train_loop import assert_trained, mismatches, trained_parts
 
 from jaxsocial.rl import grpo, ppo
-from jaxsocial.train import loop, sharding
+from jaxsocial.train import run as run_lib
+from jaxsocial.train import sharding
 
 pytestmark = pytest.mark.slow  # each build compiles a one-program epoch (~40-60 s on 2 cores)
 
@@ -56,7 +57,7 @@ def _llm_only_config(actions=LLM_ONLY_ACTIONS):
 def _first_epoch(config):
     """(run, metrics, trained parts before and after, society likes before and after) of the
     first epoch of `config` on one device."""
-    run = loop.SocialRL(config, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    run = run_lib.build_run(config, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
     state = run.init_state()
     before = trained_parts(state.train)
     likes0 = int(np.asarray(sharding.to_host(state.society.posts.likes)).sum())
@@ -99,10 +100,10 @@ def _rollout_facts(m):
 
 def test_grpo_epoch_learns_from_in_group_score_differences(grpo_arm, grpo_unrewarded):
     run, m = grpo_arm["run"], grpo_arm["m"]
-    cfg = run.rl_config
+    cfg = run.setup.rl_config
     assert isinstance(cfg, grpo.GRPOConfig) and cfg.kl_coef == 0.0 and cfg.ent_coef == 0.0
     # Groups = the 8 agents acting in one tick: 4 ticks, 4 groups of 8 trajectories.
-    assert cfg.group_size == run.active == 8
+    assert cfg.group_size == run.setup.active == 8
     assert m["parse_failures"] == 0 and m["total_posts"] > 0
     # The crowd liked some posts: positive rewards that differ inside the tick groups.
     assert m["avg_likes_per_post"] > 0 and m["reward_mean"] > 0
@@ -130,8 +131,8 @@ def test_grpo_epoch_learns_from_in_group_score_differences(grpo_arm, grpo_unrewa
 
 def test_llm_only_society_rewards_likes_by_agents(llm_only, llm_only_no_like):
     run, m = llm_only["run"], llm_only["m"]
-    assert isinstance(run.rl_config, ppo.PPOConfig)
-    assert not run.social_params.crowd and run.social_params.num_seed_posts > 0
+    assert isinstance(run.setup.rl_config, ppo.PPOConfig)
+    assert not run.setup.social_params.crowd and run.setup.social_params.num_seed_posts > 0
     assert m["parse_failures"] == 0
     # No crowd: it created no post, and every like in the society is an agent's applied like
     # (the applied actions are the created posts plus the applied likes).

@@ -15,8 +15,10 @@ import pytest
 from absl import flags
 from conftest import ONE_DEVICE_ENV, ROOT, load_launcher
 
-from jaxsocial.models import checkpoint_hf
-from jaxsocial.train import checkpointing, checks, loop, runner, sharding
+from jaxsocial.models import checkpoint_hf, loading
+from jaxsocial.train import checkpointing, checks, runner, sharding
+from jaxsocial.train import config as run_config
+from jaxsocial.train import run as run_lib
 
 SMOKE = os.path.join(ROOT, "configs", "demo.py") + ":smoke"
 
@@ -94,13 +96,14 @@ def test_kl_per_sequence_is_ppo_only_and_lr_zero_is_allowed():
 def test_config_is_checked_before_the_model_is_built(monkeypatch, tmp_path):
     def boom(*a, **k):
         raise AssertionError("model built before the config check")
-    monkeypatch.setattr(loop, "_load", boom)
+    monkeypatch.setattr(loading, "load_model", boom)
+    monkeypatch.setattr(loading, "load_config", boom)
     c = load_config()
     c.society.feed_size = 64
     with pytest.raises(ValueError, match="feed_size"):
         runner.train(c, str(tmp_path / "w"))
     with pytest.raises(ValueError, match="feed_size"):
-        loop.SocialRL(c)
+        run_lib.build_run(c)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,7 +168,7 @@ def test_sigterm_during_set_up_exits_cleanly_and_loses_nothing(monkeypatch, tmp_
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)  # the handler raises inside this sleep
             raise AssertionError("SIGTERM did not stop the set-up")
-    monkeypatch.setattr(loop, "SocialRL", Killed)
+    monkeypatch.setattr(run_lib, "build_run", Killed)
     summary = runner.train(c, str(w))
     assert summary["stopped"] == "SIGTERM"
     assert (w / "metrics.jsonl").read_text() == '{"epoch": 1}\n'  # nothing cut, nothing lost
@@ -192,15 +195,15 @@ def test_sigterm_early_in_a_real_process_exits_zero(tmp_path):
 def test_running_normalization_keeps_its_statistics_in_the_state():
     c = load_config()
     c.reward.normalize = "running"
-    run = loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
-    assert run.rl_config.reward_norm == "running"
+    run = run_lib.build_run(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    assert run.setup.rl_config.reward_norm == "running"
     state = run.init_state()
     state, _, _ = run.run_epoch(state)
     stats = state.train.reward_stats
-    assert float(stats.count) == run.active * int(c.rollout.ticks_per_epoch)
+    assert float(stats.count) == run.setup.active * int(c.rollout.ticks_per_epoch)
     assert np.isfinite(float(stats.var))
     c2 = load_config()  # control: no running statistics without the mode
-    assert run._rl_config(c2).reward_norm == "none"
+    assert run_config.rl_config(c2, run.setup.active).reward_norm == "none"
 
 
 # ---------------------------------------------------------------------------------------------

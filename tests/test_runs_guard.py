@@ -16,20 +16,21 @@ from flax import nnx
 
 from jaxsocial.models import checkpoint_hf, hf_layout, llama, loading
 from jaxsocial.models.tokenizer import tiny_tokenizer
-from jaxsocial.train import checkpointing, loop, runner, workdir_lock
+from jaxsocial.train import checkpointing, runner, workdir_lock
+from jaxsocial.train import run as run_lib
 
 SMOKE = os.path.join(ROOT, "configs", "demo.py") + ":smoke"
 
 
 class Built(Exception):
-    """Raised by a stand-in SocialRL: the run got past the lock to building the model."""
+    """Raised by a stand-in build_run: the run got past the lock to building the model."""
 
 
 @pytest.fixture
 def no_model(monkeypatch):
     def built(config):
         raise Built()
-    monkeypatch.setattr(loop, "SocialRL", built)
+    monkeypatch.setattr(run_lib, "build_run", built)
 
 
 def _hold_in_another_process(workdir):
@@ -229,7 +230,7 @@ def test_sigint_before_the_first_epoch_is_named(tmp_path, monkeypatch):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(5)  # the handler raises inside this sleep
             raise AssertionError("SIGINT did not stop the set-up")
-    monkeypatch.setattr(loop, "SocialRL", Interrupted)
+    monkeypatch.setattr(run_lib, "build_run", Interrupted)
     # Python's default_int_handler, or SIG_IGN when pytest was started in the background by a
     # non-interactive shell: either way the runner's handler must give it back.
     before = signal.getsignal(signal.SIGINT)

@@ -11,8 +11,9 @@ import jax
 import numpy as np
 import pytest
 
-from jaxsocial.train import checkpointing, loop, runner, sharding
+from jaxsocial.train import checkpointing, runner, sharding
 from jaxsocial.train import config as run_config
+from jaxsocial.train import run as run_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,7 +57,7 @@ def smoke():
     # One device: these tests are about files, not sharding, and an epoch over the 8 fake
     # devices of the suite costs ~10x one on a single device on 2 cores.
     c = load_config()
-    return c, loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    return c, run_lib.build_run(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +245,8 @@ def test_killed_after_first_metrics_before_first_checkpoint(smoke, tmp_path, mon
         if len(calls) == 2:
             raise KeyboardInterrupt("killed")
         return real(state)
-    monkeypatch.setattr(run, "run_epoch", dies_in_epoch_2)
+    # (a Run is frozen: the stand-in goes on its class, and monkeypatch puts the method back)
+    monkeypatch.setattr(type(run), "run_epoch", lambda self, state: dies_in_epoch_2(state))
     with pytest.raises(KeyboardInterrupt):
         runner.train(config, str(w), run=run)
     monkeypatch.undo()
@@ -352,7 +354,7 @@ def test_a_stop_signal_mid_run_checkpoints_the_epoch(smoke, tmp_path, monkeypatc
         out = real_epoch(state)
         os.kill(os.getpid(), getattr(signal, name))  # Ctrl-C / kill while the epoch runs
         return out
-    monkeypatch.setattr(run, "run_epoch", interrupted)
+    monkeypatch.setattr(type(run), "run_epoch", lambda self, state: interrupted(state))
     summary = runner.train(load_config(), str(tmp_path / "w"), run=run)
     assert summary["stopped"] == name and summary["epochs"] == 1
     ck = checkpointing.Checkpointer(str(tmp_path / "w"))

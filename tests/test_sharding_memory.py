@@ -160,7 +160,7 @@ def test_train_state_shardings_follow_the_model_metadata_and_optax(lora_rank):
     the model's, counters / value head / LoRA adapters are replicated."""
     from jaxsocial.rl import lora as lora_lib
     from jaxsocial.rl import ppo
-    from jaxsocial.train import aot
+    from jaxsocial.scale import aot
 
     cfg = llama.preset("small_20m", num_hidden_layers=1)
     mesh = sharding.make_mesh((1, 8, 1))

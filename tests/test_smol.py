@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("gguf")
 
-from jaxsocial.train import loop, report, sharding  # noqa: E402
+from jaxsocial.train import report, sharding  # noqa: E402
+from jaxsocial.train import run as run_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,7 +28,7 @@ def load_config(arg=None):
 def epoch():
     c = load_config("smoke")
     # One device: the suite's 8 fake devices would hold 8 replicas of the 135M weights.
-    run = loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1]))
+    run = run_lib.build_run(c, mesh=sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1]))
     state = run.init_state()
     new, metrics, samples = run.run_epoch(state)
     return c, run, new, metrics, samples
@@ -37,15 +38,16 @@ def _agent_post_texts(run, soc):
     """Decoded text of every post the LLM agents wrote, as the society stores it."""
     posts = soc.posts
     content = np.asarray(posts.tokens)
-    mine = (np.asarray(posts.id) >= 0) & (np.asarray(posts.author) < run.num_agents)
-    return {run.tokenizer.decode([t for t in content[i] if t >= 0], skip_special_tokens=True)
+    mine = (np.asarray(posts.id) >= 0) & (np.asarray(posts.author) < run.setup.num_agents)
+    return {run.setup.tokenizer.decode([t for t in content[i] if t >= 0], skip_special_tokens=True)
             .strip() for i in np.flatnonzero(mine)}
 
 
 def test_smoke_uses_smollm2_and_every_answer_parses(epoch):
     c, run, _, m, samples = epoch
     assert c.model.checkpoint.endswith(".gguf")
-    assert run.model_config.num_hidden_layers == 30 and run.model_config.vocab_size == 49152
+    mc = run.setup.model_config
+    assert mc.num_hidden_layers == 30 and mc.vocab_size == 49152
     assert m["parse_failures"] == 0 and m["invalid_actions"] == 0
     assert m["total_posts"] >= 1, m["action_mix"]
     assert all(np.isfinite(v) for v in m["ppo"].values())

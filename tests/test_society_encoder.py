@@ -15,7 +15,8 @@ from conftest import load_config_file
 from jaxsocial.models import encoder as encoder_lib
 from jaxsocial.models import zoo
 from jaxsocial.social.state import PAD_TOKEN, PostKind
-from jaxsocial.train import checks, loop, sharding, society_encoder
+from jaxsocial.train import checks, sharding, society_encoder
+from jaxsocial.train import run as run_lib
 
 TOL = 1e-5
 
@@ -32,13 +33,13 @@ def minilm_smoke():
 def rolled():
     """demo:smoke with the MiniLM society, on one device: the run, its initial state, and the
     society after one rollout (agent ticks + settle ticks)."""
-    run = loop.SocialRL(minilm_smoke(), mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    run = run_lib.build_run(minilm_smoke(), mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
     state = run.init_state()
-    calls = run.retokenizer.calls
-    soc, ro = run._rollout(state.train.params, state.train.ref_params, state.society,
+    calls = run.setup.encoder.retokenizer.calls
+    soc, ro = run.rollout(state.train.params, state.train.ref_params, state.society,
                            jax.random.key(1))
     jax.block_until_ready(ro.embedding)
-    return run, state, soc, ro, run.retokenizer.calls - calls
+    return run, state, soc, ro, run.setup.encoder.retokenizer.calls - calls
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def enc():
 
 
 def _texts(run, rows):
-    return run.retokenizer.texts(np.asarray(rows))
+    return run.setup.encoder.retokenizer.texts(np.asarray(rows))
 
 
 def test_every_live_post_is_the_encoder_embedding_of_its_text(rolled, enc):
@@ -56,7 +57,7 @@ def test_every_live_post_is_the_encoder_embedding_of_its_text(rolled, enc):
     ids, author = np.asarray(p.id), np.asarray(p.author)
     kind = np.asarray(p.kind)
     live = np.nonzero((ids >= 0) & (kind != PostKind.REPOST))[0]
-    by_agents = live[author[live] < run.num_agents]
+    by_agents = live[author[live] < run.setup.num_agents]
     assert len(by_agents) > 0 and len(live) > len(by_agents)  # agents' and crowd posts
     texts = _texts(run, np.asarray(p.tokens)[live])
     want = enc.encode(texts)
@@ -71,8 +72,8 @@ def test_rollout_embeddings_and_persona_interests(rolled, enc):
     # One host round trip per agent tick of the compiled rollout.
     assert calls == int(run.config.rollout.ticks_per_epoch)
     personas = [run.config.agents.personas[i % len(run.config.agents.personas)]
-                for i in range(run.num_agents)]
-    np.testing.assert_allclose(np.asarray(run.agent_interest), enc.encode(personas), atol=TOL)
+                for i in range(run.setup.num_agents)]
+    np.testing.assert_allclose(np.asarray(run.text.agent_interest), enc.encode(personas), atol=TOL)
     # The agents' answers: each created post's stored embedding is the rollout's embedding.
     created = np.asarray(ro.created_id).reshape(-1)
     emb = np.asarray(ro.embedding).reshape(created.shape[0], -1)
@@ -89,7 +90,7 @@ def test_retokenizer_off_by_one_is_rejected(rolled, enc):
     """Negative control: dropping the last policy token of each row before re-tokenizing moves
     the embeddings far beyond the tolerance the tests above hold."""
     run, state, soc, _, _ = rolled
-    rows = np.asarray(run.crowd_text.posts.tokens[:16])
+    rows = np.asarray(run.text.crowd_text.posts.tokens[:16])
 
     class DropLast(society_encoder.Retokenizer):
         def texts(self, content):
@@ -97,11 +98,11 @@ def test_retokenizer_off_by_one_is_rejected(rolled, enc):
                            keepdims=True) - 1, content, PAD_TOKEN)
             return super().texts(cut)
 
-    broken = DropLast(run.tokenizer, zoo.minilm_l6_v2(), 256, 0)
+    broken = DropLast(run.setup.tokenizer, zoo.minilm_l6_v2(), 256, 0)
     good = np.asarray(jax.jit(lambda p, x: society_encoder.minilm_embed(
-        run.encoder_graphdef, run.retokenizer, p, x))(run.encoder_params, rows))
+        run.setup.encoder.graphdef, run.setup.encoder.retokenizer, p, x))(run.encoder, rows))
     bad = np.asarray(jax.jit(lambda p, x: society_encoder.minilm_embed(
-        run.encoder_graphdef, broken, p, x))(run.encoder_params, rows))
+        run.setup.encoder.graphdef, broken, p, x))(run.encoder, rows))
     want = enc.encode(_texts(run, rows))
     np.testing.assert_allclose(good, want, atol=TOL)
     assert np.abs(bad - want).max() > 100 * TOL
@@ -111,9 +112,9 @@ def test_banks_have_topic_semantics(rolled):
     """The crowd's space means something: a bank post is closer to its own topic's interest
     descriptions than to the other topics' (random features would not separate them)."""
     run, *_ = rolled
-    posts = np.asarray(run.crowd_text.posts.embedding)
-    topic = np.asarray(run.crowd_text.posts.topic)
-    cen = np.asarray(run.topic_centroids)
+    posts = np.asarray(run.text.crowd_text.posts.embedding)
+    topic = np.asarray(run.text.crowd_text.posts.topic)
+    cen = np.asarray(run.text.topic_centroids)
     sim = posts @ cen.T
     own = sim[np.arange(len(topic)), topic]
     other = (sim.sum(1) - own) / (cen.shape[0] - 1)

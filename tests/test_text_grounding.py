@@ -1,6 +1,7 @@
 """One embedding space grounded in text: crowd posts' embeddings are the frozen encoder's
 embeddings of the exact tokens agents see; agents' interests are their persona embeddings; crowd
 interests sit at their topic descriptions."""
+import functools
 import importlib.util
 import os
 
@@ -11,7 +12,8 @@ import pytest
 
 from jaxsocial.social import society, text_bank
 from jaxsocial.social.state import PAD_TOKEN, PostKind
-from jaxsocial.train import loop, sharding
+from jaxsocial.train import host, sharding
+from jaxsocial.train import run as run_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-5
@@ -32,11 +34,11 @@ def grounded():
     c = load_config("demo", "smoke")
     c.crowd_text.topics = ()  # every topic (the demo keeps one): crowd interests span 14 topics
     # One device: this is about text, not sharding (an epoch over 8 fake devices costs ~10x).
-    run = loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    run = run_lib.build_run(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
     state = run.init_state()
     soc0 = state.society
-    soc, _ = run._rollout(state.train.params, state.train.ref_params, soc0, jax.random.key(1))
-    busy = run.social_params.replace(p_post=0.3, p_comment=0.3, p_quote=0.3)
+    soc, _ = run.rollout(state.train.params, state.train.ref_params, soc0, jax.random.key(1))
+    busy = run.setup.social_params.replace(p_post=0.3, p_comment=0.3, p_quote=0.3)
     step = jax.jit(lambda k, s: society.step(k, s, None, busy)[0])
     for k in jax.random.split(jax.random.key(2), 3):
         soc = step(k, soc)
@@ -47,20 +49,20 @@ def _crowd_created(run, soc0, soc):
     """Slots of posts the crowd created after reset (reposts copy their original: excluded)."""
     p = soc.posts
     ids, author, kind = np.asarray(p.id), np.asarray(p.author), np.asarray(p.kind)
-    return np.nonzero((ids >= int(soc0.posts.next_id)) & (author >= run.num_agents)
+    return np.nonzero((ids >= int(soc0.posts.next_id)) & (author >= run.setup.num_agents)
                       & (kind != PostKind.REPOST))[0]
 
 
 def _embed_stored(run, state, tokens):
-    return np.asarray(run.fns.embed(state.train.ref_params, jnp.asarray(tokens)))
+    return np.asarray(run.fns.embed(state.train.ref_params, run.encoder, jnp.asarray(tokens)))
 
 
 def test_bank_has_300_posts_over_12_topics(grounded):
     run, *_ = grounded
     corpus = text_bank.load_corpus()
     assert len(corpus.posts) >= 300 and len(set(corpus.post_topic)) >= 12
-    assert run.crowd_text.posts.size == len(corpus.posts)
-    assert len(np.unique(np.asarray(run.crowd_text.posts.topic))) >= 12
+    assert run.text.crowd_text.posts.size == len(corpus.posts)
+    assert len(np.unique(np.asarray(run.text.crowd_text.posts.topic))) >= 12
     assert len(set(corpus.interest_topic)) == len(corpus.topics)
     for topic in range(len(corpus.topics)):  # several descriptions per topic
         assert corpus.interest_topic.count(topic) >= 3
@@ -72,11 +74,11 @@ def test_bank_has_300_posts_over_12_topics(grounded):
 def test_bank_tokens_are_leading_space_form_right_padded(grounded):
     run, *_ = grounded
     corpus = text_bank.load_corpus()
-    toks = np.asarray(run.crowd_text.posts.tokens)
-    L = run.social_params.content_len
+    toks = np.asarray(run.text.crowd_text.posts.tokens)
+    L = run.setup.social_params.content_len
     assert toks.shape == (len(corpus.posts), L)
     for i in (0, 17, 123):
-        want = run.tokenizer.encode(" " + corpus.posts[i], add_special_tokens=False)[:L]
+        want = run.setup.tokenizer.encode(" " + corpus.posts[i], add_special_tokens=False)[:L]
         row = toks[i]
         assert list(row[row >= 0]) == want
         n = len(want)
@@ -108,24 +110,24 @@ def test_seed_posts_are_bank_posts(grounded):
     run, state, soc0, _ = grounded
     p = soc0.posts
     seeds = np.nonzero(np.asarray(p.id) >= 0)[0]
-    assert len(seeds) == run.social_params.num_seed_posts
+    assert len(seeds) == run.setup.social_params.num_seed_posts
     tokens = np.asarray(p.tokens)[seeds]
-    bank = np.asarray(run.crowd_text.posts.tokens)
+    bank = np.asarray(run.text.crowd_text.posts.tokens)
     match = (tokens[:, None, :] == bank[None]).all(-1)  # [S, Nb]
     assert match.any(1).all()
     idx = match.argmax(1)
     np.testing.assert_allclose(np.asarray(p.embedding)[seeds],
-                               np.asarray(run.crowd_text.posts.embedding)[idx], atol=TOL)
+                               np.asarray(run.text.crowd_text.posts.embedding)[idx], atol=TOL)
     np.testing.assert_allclose(_embed_stored(run, state, tokens),
                                np.asarray(p.embedding)[seeds], atol=TOL)
 
 
 def test_agents_interests_are_their_persona_embeddings(grounded):
     run, state, soc0, _ = grounded
-    a = run.num_agents
+    a = run.setup.num_agents
     personas = [run.config.agents.personas[i % len(run.config.agents.personas)]
                 for i in range(a)]
-    want = _embed_stored(run, state, text_bank.tokenize(run.tokenizer, personas))
+    want = _embed_stored(run, state, text_bank.tokenize(run.setup.tokenizer, personas))
     got = np.asarray(soc0.users.interest)[:a]
     np.testing.assert_allclose(got, want, atol=TOL)
     # Control: persona embeddings differ from one another.
@@ -134,11 +136,11 @@ def test_agents_interests_are_their_persona_embeddings(grounded):
 
 def test_crowd_interests_sit_at_their_topic_descriptions(grounded):
     run, state, soc0, _ = grounded
-    a = run.num_agents
+    a = run.setup.num_agents
     interest = np.asarray(soc0.users.interest)[a:]
     topic = np.asarray(soc0.users.persona)[a:]
-    desc = np.asarray(run.interest_bank.embedding)
-    desc_topic = np.asarray(run.interest_bank.topic)
+    desc = np.asarray(run.text.interest_bank.embedding)
+    desc_topic = np.asarray(run.text.interest_bank.topic)
     sim = interest @ desc.T  # [crowd, Nd]
     own = np.where(desc_topic[None] == topic[:, None], sim, -2).max(1)
     # interest_noise (0.3 in the demo) keeps each user within cos ~0.95 of a description of its
@@ -146,18 +148,19 @@ def test_crowd_interests_sit_at_their_topic_descriptions(grounded):
     assert np.mean(own > 0.8) > 0.95, np.mean(own > 0.8)
     assert len(np.unique(topic)) == len(set(desc_topic.tolist()))
     # Control: against a description of another topic the match is much worse.
-    shuffled = np.where(desc_topic[None] == ((topic[:, None] + 1) % len(run.topics)), sim,
+    shuffled = np.where(desc_topic[None] == ((topic[:, None] + 1) % len(run.setup.topics)), sim,
                         -2).max(1)
     assert np.mean(shuffled > 0.8) < 0.5
 
 
 def test_topic_metrics(grounded):
     run, *_ = grounded
-    cent = run.topic_centroids
-    m = run._topic_metrics(cent[[3, 3, 5]])
-    assert m["topic_share"] == {run.topics[3]: 2 / 3, run.topics[5]: 1 / 3}
-    assert run._topic_metrics(run.crowd_center[None])["crowd_interest_sim"] == pytest.approx(1.0)
-    assert run._topic_metrics(np.zeros((0, cent.shape[1])))["topic_share"] == {}
+    cent = np.asarray(run.text.topic_centroids)
+    topics = functools.partial(host.topic_metrics, run.setup, run.text)
+    m = topics(cent[[3, 3, 5]])
+    assert m["topic_share"] == {run.setup.topics[3]: 2 / 3, run.setup.topics[5]: 1 / 3}
+    assert topics(run.text.crowd_center[None])["crowd_interest_sim"] == pytest.approx(1.0)
+    assert topics(np.zeros((0, cent.shape[1])))["topic_share"] == {}
 
 
 def _toy_text(params, by_id, nb=7):

@@ -18,11 +18,11 @@ def test_profile_runs_the_compiled_programs():
 
 
 def test_bound_passes_the_frozen_inputs():
-    """`_bound` forwards a `_BindFrozen` wrapper's keywords and an update's grammar; a plain
+    """`_bound` forwards a `BindFrozen` wrapper's keywords and an update's grammar; a plain
     function's compiled program is returned as it is (negative control: without the frozen
     keywords the call would miss them)."""
     throughput = load_launcher("launch/throughput.py")
-    from jaxsocial.train.loop import _BindFrozen
+    from jaxsocial.train.run import BindFrozen
 
     seen = {}
 
@@ -30,7 +30,7 @@ def test_bound_passes_the_frozen_inputs():
         seen.update(args=args, kw=kw)
         return "ran"
 
-    wrapped = _BindFrozen(lambda *a, **k: None, grammar="G", encoder="E")
+    wrapped = BindFrozen(lambda *a, **k: None, grammar="G", encoder="E")
     assert throughput._bound(wrapped, compiled)(1, 2) == "ran"
     assert seen == {"args": (1, 2), "kw": {"grammar": "G", "encoder": "E"}}
 

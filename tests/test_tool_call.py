@@ -233,20 +233,21 @@ def test_tool_call_rollout_counts_failures_by_kind(monkeypatch):
     answer's failure kind, and the epoch's metrics count them."""
     from conftest import load_config_file
 
-    from jaxsocial.train import loop, sharding
+    from jaxsocial.train import host, sharding
+    from jaxsocial.train import run as run_lib
 
     c = load_config_file("configs/demo.py", "smoke")
     c.agents.action_mode = "tool_call"
     c.rollout.ticks_per_epoch = 1
     with pytest.raises(ValueError, match=r"rollout.max_new_tokens=8 is too few .* >= 30"):
-        loop.SocialRL(c)  # the smoke's 8 new tokens hold no comment call
+        run_lib.build_run(c)  # the smoke's 8 new tokens hold no comment call
     # What follows is about counting failures, not about room: the random model writes no JSON
     # at any length, so the check is set aside to keep the smoke's short (cheap) decode.
     monkeypatch.setattr(aa, "check_tool_call_room", lambda *a, **k: None)
-    run = loop.SocialRL(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
-    assert "like_post(post_id: int)" in run.tokenizer.decode(run.template.middle)
+    run = run_lib.build_run(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    assert "like_post(post_id: int)" in run.setup.tokenizer.decode(run.setup.template.middle)
     state = run.init_state()
-    _, ro = run._rollout(state.train.params, state.train.ref_params, state.society,
+    _, ro = run.rollout(state.train.params, state.train.ref_params, state.society,
                          jax.random.key(0))
     failure = np.asarray(ro.failure)
     # a random tiny model writes byte noise: no JSON; nothing parses
@@ -256,6 +257,6 @@ def test_tool_call_rollout_counts_failures_by_kind(monkeypatch):
     view = run.fns.view(ro, jnp.zeros((t, b)), jnp.zeros((t, b, 3)), jnp.zeros(()))
     view = view.replace(failure=jnp.asarray([[NO_JSON, UNKNOWN, BAD, BAD] + [OK] * (b - 4)]),
                         parsed=jnp.asarray([[False] * 4 + [True] * (b - 4)]))
-    m = run._metrics(view, {}, 1.0, 1.0)
+    m = host.epoch_metrics(run.setup, run.text, view, {}, 1.0, 1.0)
     assert m["parse_failures"] == 4
     assert m["parse_failures_by_kind"] == {"no_json": 1, "unknown_action": 1, "bad_argument": 2}

@@ -76,37 +76,80 @@ def load(path_or_preset: str, dtype: Any = None, param_dtype: Any = None, *,
     inf weight (naming the first such tensor), or when the tokenizer's vocabulary does not fit
     the model's embedding.
     """
+    model = load_model(path_or_preset, dtype, param_dtype, seed=seed, remat=remat,
+                       attention_chunk=attention_chunk, scan_layers=scan_layers)
+    tokenizer = resolve_tokenizer(tokenizer if tokenizer is not None else
+                                  default_tokenizer(path_or_preset), model.config)
+    return model, tokenizer, stop_token_ids(tokenizer, model.config)
+
+
+def _is_preset(path_or_preset: str) -> bool:
     if not path_or_preset:
         raise ValueError("nothing to load: give a checkpoint path or a preset name "
                          f"({', '.join(sorted(llama.PRESETS))})")
     if path_or_preset in llama.PRESETS and not os.path.exists(path_or_preset):
-        kw = {k: v for k, v in (("dtype", dtype), ("param_dtype", param_dtype),
-                                ("remat", remat)) if v is not None}
-        model = llama.Llama(llama.preset(path_or_preset, **kw), rngs=nnx.Rngs(int(seed)))
-        default_tokenizer = None
-    elif os.path.exists(path_or_preset) or os.sep in str(path_or_preset) or str(
+        return True
+    if os.path.exists(path_or_preset) or os.sep in str(path_or_preset) or str(
             path_or_preset).endswith(".gguf"):
-        # a path: from_pretrained names a missing or unreadable one in its error
-        model = checkpoint_hf.from_pretrained(path_or_preset, dtype=dtype,
-                                              param_dtype=param_dtype)
-        # NaN/inf weights would train to NaN metrics and export a NaN model without a word.
-        checkpoint_hf.check_finite(model, f"checkpoint {path_or_preset!r}")
-        default_tokenizer = path_or_preset
-    else:
-        raise ValueError(f"{path_or_preset!r} is neither an existing checkpoint path nor a "
-                         f"preset ({', '.join(sorted(llama.PRESETS))})")
+        return False  # a path: from_pretrained names a missing or unreadable one in its error
+    raise ValueError(f"{path_or_preset!r} is neither an existing checkpoint path nor a "
+                     f"preset ({', '.join(sorted(llama.PRESETS))})")
+
+
+def default_tokenizer(path_or_preset: str):
+    """The checkpoint's own tokenizer (its path); None (the tiny tokenizer) for a preset."""
+    return None if _is_preset(path_or_preset) else path_or_preset
+
+
+def _switches(config: llama.LlamaConfig, remat, attention_chunk, scan_layers):
     if remat is not None:
-        model.config = model.config.replace(remat=bool(remat))
+        config = config.replace(remat=bool(remat))
     if attention_chunk is not None:
         if int(attention_chunk) < 0:
             raise ValueError(f"attention_chunk={attention_chunk} must be >= 0 (0 = all queries "
                              f"at once)")
-        model.config = model.config.replace(attention_chunk=int(attention_chunk))
+        config = config.replace(attention_chunk=int(attention_chunk))
     if scan_layers is not None:
-        model.config = model.config.replace(scan_layers=bool(scan_layers))
-    tokenizer = resolve_tokenizer(tokenizer if tokenizer is not None else default_tokenizer,
-                                  model.config)
-    return model, tokenizer, stop_token_ids(tokenizer, model.config)
+        config = config.replace(scan_layers=bool(scan_layers))
+    return config
+
+
+def load_model(path_or_preset: str, dtype: Any = None, param_dtype: Any = None, *,
+               seed: int = 0, remat: Optional[bool] = None,
+               attention_chunk: Optional[int] = None,
+               scan_layers: Optional[bool] = None) -> llama.Llama:
+    """The model of `load` (same arguments), without a tokenizer."""
+    if _is_preset(path_or_preset):
+        kw = {k: v for k, v in (("dtype", dtype), ("param_dtype", param_dtype),
+                                ("remat", remat)) if v is not None}
+        model = llama.Llama(llama.preset(path_or_preset, **kw), rngs=nnx.Rngs(int(seed)))
+    else:
+        model = checkpoint_hf.from_pretrained(path_or_preset, dtype=dtype,
+                                              param_dtype=param_dtype)
+        # NaN/inf weights would train to NaN metrics and export a NaN model without a word.
+        checkpoint_hf.check_finite(model, f"checkpoint {path_or_preset!r}")
+    model.config = _switches(model.config, remat, attention_chunk, scan_layers)
+    return model
+
+
+def load_config(path_or_preset: str, dtype: Any = None, param_dtype: Any = None, *,
+                remat: Optional[bool] = None, attention_chunk: Optional[int] = None,
+                scan_layers: Optional[bool] = None) -> llama.LlamaConfig:
+    """The `LlamaConfig` `load_model` gives for the same arguments, read without weights: the
+    preset, or the checkpoint's config.json / GGUF header with the loader's dtypes."""
+    if _is_preset(path_or_preset):
+        kw = {k: v for k, v in (("dtype", dtype), ("param_dtype", param_dtype),
+                                ("remat", remat)) if v is not None}
+        config = llama.preset(path_or_preset, **kw)
+    else:
+        from jaxsocial.models import gguf, hf_layout
+
+        found = gguf.find_gguf(path_or_preset)
+        config = (gguf.config_from_gguf(found) if found is not None else
+                  checkpoint_hf.config_from_hf(path_or_preset))
+        dtype, param_dtype = hf_layout.default_dtypes(dtype, param_dtype)
+        config = config.replace(dtype=dtype, param_dtype=param_dtype)
+    return _switches(config, remat, attention_chunk, scan_layers)
 
 
 def resolve_tokenizer(tokenizer: Any, config: llama.LlamaConfig):

@@ -12,7 +12,7 @@ anything is allocated or a workdir is written. Two kinds of bound:
   model's shapes (`model.preset`, or the checkpoint's config.json / GGUF header) and sizes the
   largest buffers of the run: the set-up's text-bank pass (`memory.encode_bytes`: the interest
   descriptions and personas padded to the longest, 64 texts at a time), the epoch's programs
-  (`memory.estimate`, as `SocialRL.memory_estimate` calls it after set-up: KV cache of the
+  (`memory.estimate`, as `setup.memory_estimate` calls it after set-up: KV cache of the
   agents acting per tick, prompt + new tokens; the scoring pass and the update over ticks x
   agents trajectories; the society's per-user and per-post arrays; the per-tick records of
   every post slot) and the host's copies of the agents' tokenized personas. It compares the
@@ -22,12 +22,12 @@ anything is allocated or a workdir is written. Two kinds of bound:
   (`mesh.shape` over this process's devices), or on the CPU the host's RAM
   (`memory.host_memory_bytes`): a per-device need above it cannot fit however many CPU devices
   share it. The weights, optimizer state and their copies are left to the set-up's own check
-  (`SocialRL._check_memory`, which compares the whole estimate once the model is known): a
+  (`setup.check_memory`, which compares the whole estimate once the model is known): a
   config for a bigger machine (configs/general.py, an 8B on a pod) still passes here, where
   tests build it abstractly. The refusal names the shape key whose smallest value would save
   the most. Multi-process runs (`distributed.enabled`, JAX_COORDINATOR_ADDRESS) skip the memory
-  comparison: the backend must not start before `jax.distributed.initialize`; so do abstract
-  builds (`abstract_build`), which allocate nothing.
+  comparison: the backend must not start before `jax.distributed.initialize`; so do builds
+  that allocate nothing (`problems(config, machine=False)`).
 
 Token counts are exact with the run's tokenizer when its `tokenizer.json` is at hand (a preset's
 tiny tokenizer, an HF checkpoint directory, `--config.tokenizer`), read with the `tokenizers`
@@ -37,7 +37,6 @@ token per UTF-8 byte plus one.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import math
@@ -225,26 +224,18 @@ def shapes(config, count: Optional[Callable[[str], int]] = None) -> Shapes:
 
 
 def model_config(config):
-    """The run's `LlamaConfig` from the config alone: `model.preset`, or the checkpoint's
-    config.json / GGUF header, with the config's dtypes and switches (remat, attention_chunk,
-    scan_layers). None when the checkpoint cannot be read here (its loader then says why)."""
-    from jaxsocial.models import checkpoint_hf, gguf, llama
+    """The run's `LlamaConfig` from the config alone (`loading.load_config`: `model.preset`, or
+    the checkpoint's config.json / GGUF header, with the config's dtypes and switches). None
+    when the checkpoint cannot be read here (its loader then says why)."""
+    from jaxsocial.models import loading
 
-    m = config.model
-    switches = run_config.model_switches(m)
-    ckpt = str(m.get("checkpoint", "") or "")
+    ckpt = str(config.model.get("checkpoint", "") or "")
+    if ckpt and not os.path.exists(ckpt):
+        return None
     try:
-        if not ckpt:
-            return llama.preset(m.preset, dtype=m.dtype, param_dtype=m.param_dtype, **switches)
-        if not os.path.exists(ckpt):
-            return None
-        path = gguf.find_gguf(ckpt)
-        cfg = gguf.config_from_gguf(path) if path else checkpoint_hf.config_from_hf(ckpt)
+        return loading.load_config(**run_config.model_args(config))
     except Exception:  # noqa: BLE001 -- the loader reports an unreadable checkpoint
         return None
-    dtype, param_dtype = m.get("dtype") or None, m.get("param_dtype") or None
-    dtype = dtype or param_dtype or "float32"  # from_pretrained: one given sets both
-    return cfg.replace(dtype=dtype, param_dtype=param_dtype or dtype, **switches)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,7 +344,7 @@ def _mesh_shape(config, devices: int) -> Tuple[int, ...]:
     shape = tuple(int(s) for s in _get(config, "mesh.shape", (-1, 1, 1)))
     try:
         return tuple(sharding.resolve_mesh_shape(shape, devices))
-    except ValueError:  # SocialRL(config) without a mesh says why
+    except ValueError:  # build_setup(config) without a mesh says why
         return tuple(max(1, s) for s in shape) if len(shape) == 3 else (1, 1, 1)
 
 
@@ -366,24 +357,11 @@ def _gib(n: float) -> str:
     return f"{n / GiB:,.0f}" if n >= 10 * GiB else f"{n / GiB:.1f}"
 
 
-_ABSTRACT = [0]  # > 0: inside `abstract_build` (nested)
-
-
-@contextlib.contextmanager
-def abstract_build():
-    """While active, `problems` checks the hard limits only, not this machine's memory: for a
-    build that allocates nothing and may target a bigger machine (`train.aot.abstract_run`:
-    abstract weights, programs compiled only to read their memory)."""
-    _ABSTRACT[0] += 1
-    try:
-        yield
-    finally:
-        _ABSTRACT[0] -= 1
-
-
-def problems(config) -> List[str]:
+def problems(config, machine: bool = True) -> List[str]:
     """One-line problems of `config` against the hard limits and this machine's memory (see the
-    module docstring); [] when it fits, or when the config is not a Social-RL one."""
+    module docstring); [] when it fits, or when the config is not a Social-RL one. machine=False:
+    the hard limits only, for a build that allocates nothing and may target a bigger machine
+    (`scale.aot.abstract_run`: abstract weights, programs compiled only to read their memory)."""
     if not all(k in config for k in ("agents", "society", "rollout", "model")):
         return []
     out = []
@@ -397,7 +375,7 @@ def problems(config) -> List[str]:
     if sh.post_capacity > MAX_ID:
         out.append(f"society.post_capacity={sh.post_capacity} exceeds the int32 post slots "
                    f"(at most {MAX_ID})")
-    if out or _multi_process(config) or _ABSTRACT[0]:
+    if out or _multi_process(config) or not machine:
         return out
     return memory_problems(config, sh, exact)
 

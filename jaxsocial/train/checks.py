@@ -22,8 +22,10 @@ from jaxsocial.train import config as run_config
 _get = run_config.config_get
 
 
-def check(config: ml_collections.ConfigDict) -> None:
-    """Raise ValueError naming every inconsistent `--config.` value (cheap: nothing is built)."""
+def check(config: ml_collections.ConfigDict, machine: bool = True) -> None:
+    """Raise ValueError naming every inconsistent `--config.` value (cheap: nothing is built).
+    machine: also check the sizes against this machine's memory (`bounds.problems`); False for
+    a build that allocates nothing and may target a bigger machine (`scale.aot`)."""
     problems: List[str] = []
 
     def need(ok: bool, msg: str):
@@ -148,17 +150,22 @@ def check(config: ml_collections.ConfigDict) -> None:
                                            sp.embed_dim)
             except ValueError as e:
                 problems.append(str(e))
+    target = str(_get(config, "train.preflight", "") or "")
+    parts = target.split(":")
+    need(not target or parts == ["auto"] or (len(parts) == 3 and parts[0] in ("tpu", "gpu")),
+         f"train.preflight={target!r}; name a target as 'tpu:<chip>:<topology>', "
+         f"'gpu:<chip>:<count>' or 'auto' (jaxsocial.scale.targets)")
     if not problems:
-        problems += bound_problems(config)
+        problems += bound_problems(config, machine)
     if problems:
         raise ValueError("invalid config: " + "; ".join(problems))
 
 
-def bound_problems(config: ml_collections.ConfigDict) -> List[str]:
+def bound_problems(config: ml_collections.ConfigDict, machine: bool = True) -> List[str]:
     """The config's sizes against the hard limits and this machine's memory (`bounds.problems`:
     persona length, int32 ids, the text-bank pass, the epoch's buffers), for a config whose
     values are otherwise consistent."""
     try:
-        return bounds.problems(config)
+        return bounds.problems(config, machine)
     except ValueError as e:  # e.g. an unknown rl.* key, met while sizing the update
         return [str(e)]

@@ -126,6 +126,10 @@ def base_config() -> ml_collections.ConfigDict:
         fork_from="",
         allow_config_change=False,  # True: resume accepts changed train.* keys (SAFE_ON_RESUME)
         fused_epoch=True,  # one compiled program per epoch (not with a host-side code bonus)
+        # launch/train.py compiles the epoch for this target first and refuses a run that does
+        # not fit it: "" (no pre-flight), "auto" (this process's devices), "tpu:v5e:8x8",
+        # "gpu:h100:8", ... (jaxsocial.scale.targets)
+        preflight="",
         text_metrics_posts=4096))  # text drift / topics / top posts over the first K posts
     # Verifiable bonus for answers to programming problems (configs/code.py).
     c.code = ml_collections.ConfigDict(dict(enabled=False, bonus=1.0, timeout_s=5.0,
@@ -266,6 +270,15 @@ def model_switches(m) -> dict:
                 scan_layers=bool(m.get("scan_layers", False)))
 
 
+def model_args(config) -> dict:
+    """`models.loading.load_model` / `load_config`'s arguments for a run's `model` block: the
+    checkpoint (or the preset), the dtypes and the switches."""
+    m = config.model
+    return dict(path_or_preset=m.get("checkpoint", "") or m.preset,
+                dtype=m.get("dtype") or None, param_dtype=m.get("param_dtype") or None,
+                **model_switches(m))
+
+
 def temperature(config) -> float:
     """The rollout's sampling temperature: `rollout.tool_call_temperature` in tool_call mode
     when set, else `rollout.temperature`."""
@@ -314,6 +327,7 @@ SAFE_ON_RESUME = (
     "train.export_hf",
     "train.fused_epoch",      # one program or three: same run
     "train.text_metrics_posts",
+    "train.preflight",        # a check before the run, not part of it
     "mesh.shape",             # restore re-shards onto the new mesh
     "distributed.",           # prefix: addresses and process ids of the new job
 )

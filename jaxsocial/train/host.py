@@ -1,0 +1,247 @@
+"""The host side of an epoch: metrics, samples, the society's summary, the code bonus,
+interviews and the Hugging Face export. Functions of the set-up (`train.setup`), the run's
+text banks and the epoch's `EpochView` / state; nothing here is compiled into the epoch."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Dict, List, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxsocial.agents import prompting, tool_calls
+from jaxsocial.generation.generate import generate_from_state
+from jaxsocial.generation.sampling import SamplingConfig
+from jaxsocial.models import checkpoint_hf
+from jaxsocial.rl import policy as policy_lib
+from jaxsocial.social import cascades, polarisation, society
+from jaxsocial.social.actions import ActionType
+from jaxsocial.train import code_problems, report, sharding
+from jaxsocial.train import setup as setup_lib
+from jaxsocial.train.epoch import EpochView, Rollout
+from jaxsocial.train.setup import RunState, Setup, Text
+
+_cascades = jax.jit(cascades.cascades)
+_polarisation = jax.jit(polarisation.summary, static_argnames=("params", "sample"))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 3))
+def _interview_answers(pdef, social_params, template, sampling, params, ref_params, soc, key):
+    """GenerationOutput of every agent's greedy answer to the prompt `template` over the feed
+    it would see in `soc` now (`society.feed`: pure, nothing marked seen)."""
+    agents = jnp.arange(social_params.num_agents, dtype=jnp.int32)
+    feed = society.feed(key, soc, agents, social_params)
+    view = prompting.feed_view(soc.posts, feed.slots, feed.valid,
+                               social_params.feed_comments or None)
+    ids, mask = prompting.assemble(template, agents, view)
+    weights = policy_lib.policy_weights(pdef, params, ref_params)
+    return generate_from_state(pdef.graphdef, weights, ids, mask, key, sampling)
+
+
+def epoch_metrics(setup: Setup, text: Text, v: EpochView, upd, wall: float, t_roll: float
+                  ) -> Dict[str, Any]:
+    """The metrics of one epoch (a metrics.jsonl row) from its `EpochView` and the update's
+    metrics: the blog's numbers, the action mix, parse failures, timing, the agents' topics and
+    text drift, and the most- and least-liked posts. wall / t_roll: the epoch's and the
+    rollout's seconds (equal for the one-program epoch)."""
+    created = np.asarray(v.created)
+    types = np.asarray(v.action_type)
+    is_post = created & np.isin(types, [int(ActionType.CREATE_POST),
+                                        int(ActionType.QUOTE_POST)])
+    eng = np.asarray(v.engagement)
+    likes = eng[..., 0][is_post]
+    engaged = eng.sum(-1)[is_post] > 0
+    n_posts = int(is_post.sum())
+    names = {int(t): t.name.lower() for t in ActionType}
+    mix = {names[k]: int((types == k).sum()) for k in np.unique(types)}
+    sc = np.asarray(v.score)
+    reason, parsed = np.asarray(v.reason), np.asarray(v.parsed)
+    m = {
+        "avg_likes_per_post": float(likes.mean()) if n_posts else 0.0,
+        "zero_like_share": float((likes == 0).mean()) if n_posts else 0.0,
+        "positive_engagement_share": float(engaged.mean()) if n_posts else 0.0,
+        "total_posts": n_posts,
+        # OASIS's unit: one agent action per acting agent and tick (the blog: ~30k/stage)
+        "interactions": int(types.size),
+        "interactions_applied": int(((reason == 0) & parsed
+                                     & (types != int(ActionType.DO_NOTHING))).sum()),
+        "created_total": int(created.sum()),
+        "parse_failures": int((~parsed).sum()),
+        # tool_call mode: no JSON / unknown action / bad argument
+        **({"parse_failures_by_kind": {k: int((np.asarray(v.failure) == i).sum()) for i, k
+                                       in enumerate(tool_calls.FAILURE_KINDS) if i}}
+           if setup.tool_call else {}),
+        "invalid_actions": int(((reason != 0) & parsed).sum()),
+        "reward_mean": float(sc.mean()),
+        "reward_std": float(sc.std()),
+        "action_mix": mix,
+        "crowd_posts": int(v.crowd_posts),
+        "likes_hist": np.bincount(likes.astype(int), minlength=1).tolist() if n_posts else [],
+        # rl.old_logprobs: "rollout" = the rollout's log-probs were the old log-probs
+        # (nothing re-scored); "rescore" = re-scored, logprob_gap = max |rollout - rescored|
+        "old_logprobs": setup.old_logprobs,
+        **({"logprob_gap": float(v.logprob_gap)} if setup.old_logprobs == "rescore" else {}),
+        # rl.old_values="rollout": the old values came from the rollout's hidden states
+        **({"old_values": "rollout"} if setup.old_values == "rollout" else {}),
+        # fused_epoch: one program, so rollout_s / tokens_per_s / ticks_per_s cover the
+        # whole epoch (rollout, scoring and update)
+        "fused_epoch": bool(setup.fused),
+        "tokens_per_s": float(v.tokens) / max(t_roll, 1e-9),
+        "ticks_per_s": types.shape[0] / max(t_roll, 1e-9),
+        "rollout_s": t_roll,
+        "wall_s": wall,
+        "ppo": {k: float(x) for k, x in upd.items()},
+    }
+    # Text metrics over the first K posts of the epoch, in tick order (all of them when
+    # the epoch has at most train.text_metrics_posts posts).
+    idx = np.asarray(v.post_index)
+    kept = idx >= 0
+    idx = idx[kept]
+    m.update(topic_metrics(setup, text, np.asarray(v.post_embedding)[kept]))
+    m.update(_post_texts(setup, text, v, kept, idx, eng))
+    return m
+
+
+def _post_texts(setup: Setup, text: Text, v: EpochView, kept, idx, eng) -> Dict[str, Any]:
+    """The text metrics of the epoch's first posts: persona similarity, drift, top posts."""
+    m: Dict[str, Any] = {}
+    # Text drift of the epoch's posts (decoded on the host, action prefix "post:" /
+    # "quote <n>:" cut) and the 3 most-liked posts (ties: earliest first) for summary.md.
+    toks, tmask = np.asarray(v.post_tokens)[kept], np.asarray(v.post_mask)[kept]
+    texts = [setup.tokenizer.decode(toks[i][tmask[i]], skip_special_tokens=True)
+             for i in range(len(idx))]
+    if setup.tool_call:  # the call's text argument (the host-side reference parser)
+        c = setup.config
+        sp = setup.social_params
+        texts = [tool_calls.parse_tool_call_text(
+            t, c.agents.actions, sp.feed_size, sp.feed_comments)[3] or "" for t in texts]
+    else:
+        texts = [t.split(":", 1)[-1].strip() for t in texts]
+    authors = [int(a) for a in np.asarray(v.agent).reshape(-1)[idx]]
+    post_likes = eng[..., 0].reshape(-1)[idx]
+    # How close the agents' posts stay to their own persona (unit embeddings): a drift
+    # towards the crowd's taste shows as this falling while crowd_interest_sim rises.
+    persona = np.asarray(text.agent_interest)
+    persona = persona / np.maximum(np.linalg.norm(persona, axis=-1, keepdims=True), 1e-12)
+    emb = np.asarray(v.post_embedding)[kept]
+    m["persona_sim"] = (float(np.mean(np.sum(emb * persona[authors], axis=-1)))
+                        if len(authors) else 0.0)
+    m["drift"] = report.text_drift(texts, authors)
+    top = sorted(range(len(texts)), key=lambda i: (-float(post_likes[i]), i))[:3]
+    m["posts"] = [{"text": texts[i], "likes": int(post_likes[i]), "agent": authors[i]}
+                  for i in top]
+    if texts:  # the least-liked post (ties: earliest), for the end-of-run console story
+        low = min(range(len(texts)), key=lambda i: (float(post_likes[i]), i))
+        m["worst_post"] = {"text": texts[low], "likes": int(post_likes[low]),
+                           "agent": authors[low]}
+    return m
+
+
+def topic_metrics(setup: Setup, text: Text, emb: np.ndarray) -> Dict[str, Any]:
+    """Where the agents' posts (embeddings [n, d]) sit among the crowd's topics:
+    `crowd_interest_sim` = mean cosine to the crowd's interest centre; `topic_share` = share
+    of posts nearest each topic's centroid (topic drift shows here)."""
+    if not len(emb):
+        return {"crowd_interest_sim": 0.0, "topic_share": {}}
+    near = np.argmax(emb @ np.asarray(text.topic_centroids).T, axis=1)
+    counts = np.bincount(near, minlength=len(setup.topics)) / len(emb)
+    return {"crowd_interest_sim": float((emb @ np.asarray(text.crowd_center)).mean()),
+            "topic_share": {setup.topics[i]: float(c) for i, c in enumerate(counts) if c}}
+
+
+def samples(setup: Setup, v: EpochView, epoch: int, n: Optional[int] = None) -> List[dict]:
+    """The last tick's answers (at most n, default train.log_samples): epoch, agent, text,
+    score."""
+    n = int(setup.config.train.log_samples) if n is None else n
+    toks, mask = np.asarray(v.last_tokens), np.asarray(v.last_mask)
+    sc, agent = np.asarray(v.score)[-1], np.asarray(v.agent)[-1]
+    out = []
+    for a in range(min(n, toks.shape[0])):
+        out.append({"epoch": epoch, "agent": int(agent[a]),
+                    "text": setup.tokenizer.decode(toks[a][mask[a]], skip_special_tokens=True),
+                    "score": float(sc[a])})
+    return out
+
+
+def society_metrics(setup: Setup, state: RunState) -> Dict[str, Any]:
+    """The society at the end of the epoch: `cascades`, how far its alive original posts
+    spread (`social.cascades`: size, depth, breadth and half time of their repost / quote
+    trees, as percentiles), and `polarisation` of its follow graph
+    (`social.polarisation.summary`; the shuffle's key is the seed folded with the epoch,
+    apart from the run's own keys)."""
+    soc = state.society
+    epoch = int(sharding.to_host(state.epoch))
+    key = jax.random.fold_in(jax.random.key(int(setup.config.seed) + 104729), epoch)
+    pol = sharding.to_host(_polarisation(key, soc, params=setup.social_params))
+    return {"cascades": cascades.summary(sharding.to_host(_cascades(soc.posts))),
+            "polarisation": {k: int(v) if k == "follow_edges" else
+                             (None if np.isnan(v) else float(v)) for k, v in pol.items()}}
+
+
+def code_bonus(setup: Setup, ro: Rollout) -> np.ndarray:
+    """Host side: [T, A] bonus for comments whose code passes the commented problem's tests.
+    A problem post is one whose text came from the problem bank (seed/crowd authors)."""
+    bonus = np.zeros(ro.created_id.shape, np.float32)
+    if not setup.code:
+        return bonus
+    types, ok = np.asarray(ro.action_type), np.asarray(ro.created_id) >= 0
+    target, author = np.asarray(ro.target), np.asarray(ro.target_author)
+    answer = ok & (types == int(ActionType.CREATE_COMMENT)) & (author >= setup.num_agents)
+    idx = np.argwhere(answer)
+    if not len(idx):
+        return bonus
+    toks, mask = np.asarray(ro.tokens), np.asarray(ro.mask)
+    texts = [setup.tokenizer.decode(toks[t, a][mask[t, a]], skip_special_tokens=True)
+             .split(":", 1)[-1] for t, a in idx]
+    problems = [int(target[t, a]) % len(code_problems.PROBLEMS) for t, a in idx]
+    c = setup.config.code
+    passed = code_problems.verify(texts, problems, float(c.timeout_s), int(c.memory_mb))
+    bonus[tuple(idx.T)] = np.where(passed, float(c.bonus), 0.0)
+    return bonus
+
+
+def interview(setup: Setup, state: RunState, question: str, max_new_tokens: int = 48
+              ) -> List[dict]:
+    """Every LLM agent answers `question` in its own context, outside the society: its
+    persona and the feed the recommender would show it now, with the question in place of
+    the action instruction; greedy decoding by the current policy. Nothing is posted,
+    marked seen or rewarded, and `state` is not changed. Returns one
+    {"epoch", "agent", "persona", "question", "answer"} per agent."""
+    if not str(question).strip():
+        raise ValueError("an interview question must be non-empty")
+    template = setup_lib.prompt_template(setup.config, setup.tokenizer, setup.social_params,
+                                         setup.personas, str(question).strip(), "Your answer:")
+    sampling = SamplingConfig(max_new_tokens=int(max_new_tokens), temperature=0.0,
+                              stop_token_ids=setup.stop_ids, prompt_bucket=template.max_len)
+    epoch = int(sharding.to_host(state.epoch))
+    # The feed's exploration draws from its own key: the run's keys are not touched.
+    key = jax.random.fold_in(jax.random.key(int(setup.config.seed) + 15485863), epoch)
+    out = _interview_answers(setup.pdef, setup.social_params, template, sampling,
+                             state.train.params, state.train.ref_params, state.society, key)
+    toks, mask = sharding.to_host((out.tokens, out.mask))
+    return [{"epoch": epoch, "agent": a, "persona": setup.personas[a],
+             "question": str(question).strip(),
+             "answer": setup.tokenizer.decode(toks[a][mask[a]],
+                                             skip_special_tokens=True).strip()}
+            for a in range(setup.num_agents)]
+
+
+def export_policy(setup: Setup, state: RunState, path: str, write: bool = True,
+                  initial: bool = False) -> None:
+    """Write the current policy as a complete Hugging Face directory: weights, config.json,
+    generation_config.json (eos = the run's stop ids) (`checkpoint_hf.save_pretrained`) and
+    the tokenizer with its chat template, so `AutoTokenizer` / `AutoModelForCausalLM` and
+    `launch/eval.py` load it as it is. initial: the run's initial policy instead (the
+    frozen reference: the weights before any update). Multi-process: every process must
+    call it (the weights are gathered); `write` only on one."""
+    weights = (state.train.ref_params if initial else policy_lib.policy_weights(
+        setup.pdef, state.train.params, state.train.ref_params))
+    host = sharding.to_host(weights)
+    if write:
+        model = nnx.merge(setup.pdef.graphdef, host)
+        model.config = model.config.replace(eos_token_id=tuple(setup.stop_ids))
+        checkpoint_hf.save_pretrained(model, path)
+        setup.tokenizer.save_pretrained(path)

@@ -1,0 +1,186 @@
+"""One Social-RL run: its set-up, initial weights, text banks and compiled epoch programs.
+
+    run = build_run(config)                # set-up, weights, text banks, programs
+    state = run.init_state()               # RunState: train state, society, key, epoch
+    state, metrics, samples = run.run_epoch(state)
+
+A `Run` holds what `train.setup` built and the epoch's programs (`train.epoch.make_epoch`),
+and drives one epoch: one donated program (`Run.epoch`), or, when a reward is computed on the
+host (the code bonus), the same pieces as three programs (rollout, scoring, update) with the
+bonus in between. Metrics, samples and export are `train.host`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from jaxsocial.train import epoch as epoch_lib
+from jaxsocial.train import host, sharding
+from jaxsocial.train import setup as setup_lib
+from jaxsocial.train.epoch import EpochFns
+from jaxsocial.train.setup import RunState, Setup, Text, Weights
+
+
+class BindFrozen:
+    """A jitted function called with frozen inputs bound as keywords (the grammar, the society
+    encoder's input): `f(*args)` / `f.lower(*args)` pass them as traced arguments of the
+    compiled program (never baked constants)."""
+
+    def __init__(self, jitted, **frozen):
+        self.jitted, self.frozen = jitted, frozen
+
+    def __call__(self, *args):
+        return self.jitted(*args, **self.frozen)
+
+    def lower(self, *args):
+        return self.jitted.lower(*args, **self.frozen)
+
+
+class _Traces:
+    """How many times the one-program epoch was traced (one per compiled epoch shape)."""
+
+    def __init__(self, fn):
+        self.fn, self.count = fn, 0
+
+    def __call__(self, *args):
+        self.count += 1
+        return self.fn(*args)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Run:
+    """A built run (`build_run`): set-up, initial weights (the reference), text banks, the
+    epoch's pure functions and their compiled programs."""
+
+    setup: Setup
+    weights: Weights
+    text: Text
+    fns: EpochFns
+    encoder: Any          # the society encoder's frozen input (`epoch.encoder_input`)
+    rollout: BindFrozen   # (params, ref_params, society, key) -> (society, Rollout)
+    score: BindFrozen     # (train, Rollout, bonus) -> (Trajectory, score, engagement, gap)
+    view: Any             # jitted fns.view
+    epoch: Any            # (state, grammar, encoder) -> (state, update metrics, view), donated
+    traces: _Traces
+
+    @property
+    def config(self) -> ml_collections.ConfigDict:
+        return self.setup.config
+
+    @property
+    def mesh(self):
+        return self.setup.mesh
+
+    @property
+    def epoch_trace_count(self) -> int:
+        return self.traces.count
+
+    def init_state(self) -> RunState:
+        """Fresh run: initial policy (= reference), society reset, keys from config.seed."""
+        return setup_lib.init_state(self.setup, self.weights, self.text)
+
+    def place(self, state: RunState) -> RunState:
+        return setup_lib.place(self.setup, state)
+
+    def run_epoch(self, state: RunState) -> Tuple[RunState, Dict[str, Any], List[dict]]:
+        """Rollout + reward + update. Returns (new state, metrics dict, text samples)."""
+        if self.setup.fused:
+            t0 = time.perf_counter()
+            new, upd, view = self.epoch(state, self.setup.grammar, self.encoder)
+            jax.block_until_ready(new.train.step)
+            wall = t_roll = time.perf_counter() - t0
+            bonus = None
+        else:
+            new, upd, view, bonus, wall, t_roll = self._three_programs(state)
+        view, upd = sharding.to_host((view, upd))
+        metrics = host.epoch_metrics(self.setup, self.text, view, upd, wall, t_roll)
+        metrics["epoch"] = int(sharding.to_host(new.epoch))
+        metrics.update(host.society_metrics(self.setup, new))
+        if self.setup.code:
+            metrics["code_passed"] = int((bonus > 0).sum())
+        return new, metrics, host.samples(self.setup, view, metrics["epoch"])
+
+    def _three_programs(self, state: RunState):
+        """The host-reward path: the fused epoch's `begin`, rollout, scoring, update and `end`
+        as three programs, the code bonus computed on the host in between."""
+        t0 = time.perf_counter()
+        key, k_roll = self.fns.begin(state)
+        soc, ro = self.rollout(state.train.params, state.train.ref_params, state.society, k_roll)
+        jax.block_until_ready(ro.tokens)
+        t_roll = time.perf_counter() - t0
+        # The whole rollout comes to the host only for the host-side code bonus.
+        bonus = (host.code_bonus(self.setup, sharding.to_host(ro)) if self.setup.code
+                 else np.zeros(ro.created_id.shape, np.float32))
+        batch, score, eng, gap = self.score(state.train, ro, jnp.asarray(bonus))
+        # Trajectories along the data axes (rows that don't divide stay replicated).
+        batch = sharding.put_global(batch, sharding.tree_data_shardings(batch, self.mesh))
+        train, upd = self.setup.update(state.train, batch)
+        jax.block_until_ready(train.step)
+        wall = time.perf_counter() - t0
+        new = self.place(self.fns.end(state, key, soc, train))
+        return new, upd, self.view(ro, score, eng, gap), bonus, wall, t_roll
+
+    def interview(self, state: RunState, question: str, max_new_tokens: int = 48
+                  ) -> List[dict]:
+        """`host.interview`: every agent answers `question` in its own context."""
+        return host.interview(self.setup, state, question, max_new_tokens)
+
+    def export_policy(self, state: RunState, path: str, write: bool = True,
+                      initial: bool = False) -> None:
+        """`host.export_policy`: the policy (or the initial one) as a Hugging Face directory."""
+        host.export_policy(self.setup, state, path, write=write, initial=initial)
+
+    def memory_estimate(self):
+        return setup_lib.memory_estimate(self.setup)
+
+
+def programs(setup: Setup, weights: Weights, text: Text) -> Dict[str, Any]:
+    """The epoch's pure functions and compiled programs for `Run`'s fields (weights and text
+    may be abstract: the programs only need their shapes)."""
+    fns = epoch_lib.make_epoch(setup)
+    encoder = epoch_lib.encoder_input(setup, weights, text)
+    traces = _Traces(fns.epoch)
+    sh = setup_lib.run_state_shardings(setup, setup_lib.abstract_state(setup, weights, text))
+    rep = sharding.replicated(setup.mesh)
+    # The grammar enters each compiled program as an argument: closed over, XLA would bake
+    # its [S, V] tables in as constants (and spend minutes constant-folding them).
+    return dict(
+        fns=fns, encoder=encoder, traces=traces,
+        rollout=BindFrozen(jax.jit(fns.rollout), grammar=setup.grammar, encoder=encoder),
+        score=BindFrozen(jax.jit(fns.score_batch), grammar=setup.grammar),
+        view=jax.jit(fns.view),
+        # state shardings pinned (as `place` gives them) and the state donated
+        epoch=jax.jit(traces, donate_argnums=0, in_shardings=(sh, rep, rep),
+                      out_shardings=(sh, rep, rep)))
+
+
+def build_run(config: ml_collections.ConfigDict, mesh=None) -> Run:
+    """The run of `config`: `setup.build_setup` (checks, refuses a run that cannot fit this
+    machine), `setup.init_weights`, `setup.embed_text`, then the epoch's programs."""
+    setup = setup_lib.build_setup(config, mesh)
+    weights = setup_lib.init_weights(config, setup)
+    text = setup_lib.embed_text(setup, weights)
+    return Run(setup=setup, weights=weights, text=text, **programs(setup, weights, text))
+
+
+def abstract_run(config: ml_collections.ConfigDict, mesh=None,
+                 model_config: Optional[Any] = None) -> Run:
+    """The run of `config` with ShapeDtypeStruct weights and text banks: nothing is read or
+    allocated, so its programs can be compiled for another machine (`scale.aot`). The config's
+    checkpoint (if any) is replaced by its preset; model_config: a `LlamaConfig` to build for
+    instead (e.g. fewer layers). This machine's memory is not checked."""
+    config = config.copy_and_resolve_references()
+    with config.unlocked():
+        config.model.checkpoint = ""
+        config.model.require_checkpoint = False
+    setup = setup_lib.build_setup(config, mesh, check_machine=False, model_config=model_config)
+    weights = jax.eval_shape(lambda: setup_lib.init_weights(config, setup))
+    text = setup_lib.abstract_text(setup)
+    return Run(setup=setup, weights=weights, text=text, **programs(setup, weights, text))
