@@ -20,7 +20,9 @@ def _no_tpu_backend_without_a_tpu() -> None:
             return
     except Exception:  # noqa: BLE001 -- a JAX without these probes: leave JAX to decide
         return
-    os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ["JAX_PLATFORMS"] = "cpu"  # for child processes
+    import jax  # imported by the probes above, which read JAX_PLATFORMS before it was set
+    jax.config.update("jax_platforms", "cpu")
 
 
 _no_tpu_backend_without_a_tpu()

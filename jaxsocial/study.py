@@ -33,10 +33,12 @@ from scipy import stats
 # that did nothing.
 METRICS = ("avg_likes_per_post", "zero_like_share", "positive_engagement_share", "total_posts",
            "total_likes", "crowd_interest_sim", "do_nothing_share")
+# A cohort study's table (`cohort_runs`) adds each cohort's share of all the cohorts' likes.
+COHORT_METRICS = METRICS + ("likes_share",)
 LABELS = {"avg_likes_per_post": "likes/post", "zero_like_share": "zero-like share",
           "positive_engagement_share": "engaged share", "total_posts": "posts",
           "total_likes": "total likes", "crowd_interest_sim": "crowd interest sim",
-          "do_nothing_share": "do_nothing share"}
+          "do_nothing_share": "do_nothing share", "likes_share": "share of likes"}
 LEVEL = 0.95
 POSTS_KEPT = 0.8  # learning criterion: last-third posts >= 80% of the first third's
 CONTROL = "control"
@@ -87,9 +89,9 @@ def _num(x) -> float:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
 
 
-def epoch_values(record: dict) -> Dict[str, float]:
+def epoch_values(record: dict, metrics: Sequence[str] = METRICS) -> Dict[str, float]:
     """The study's metrics of one metrics.jsonl record (NaN where the record lacks one)."""
-    out = {k: _num(record.get(k)) for k in METRICS}
+    out = {k: _num(record.get(k)) for k in metrics}
     posts = out["total_posts"]
     out["total_likes"] = 0.0 if posts == 0 else out["avg_likes_per_post"] * posts
     mix = record.get("action_mix")
@@ -102,23 +104,46 @@ def epoch_values(record: dict) -> Dict[str, float]:
     return out
 
 
+def cohort_runs(runs: Dict[str, Dict[int, Sequence[dict]]]) -> Dict[str, Dict[int, List[dict]]]:
+    """A cohort study (`agents.cohorts`): {arm: {seed: records}} -> {cohort: {seed: records}}
+    ("arm/cohort" when there are several arms), each record the cohort's own metrics
+    (`train.host.cohort_metrics`) with its `likes_share`, its total likes over all cohorts'
+    (NaN in an epoch without likes). Analyse with `metrics=COHORT_METRICS`; the cohorts of one
+    run share a society, so a comparison between them (Welch) is a conservative one."""
+    out: Dict[str, Dict[int, List[dict]]] = {}
+    for arm, by_seed in runs.items():
+        for seed, records in by_seed.items():
+            for r in records:
+                cohorts = r.get("cohorts")
+                if not isinstance(cohorts, dict):
+                    raise ValueError(f"arm {arm!r} seed {seed}: epoch {r.get('epoch')} has no "
+                                     f"per-cohort metrics (not a run with agents.cohorts)")
+                total = sum(float(c.get("total_likes", 0)) for c in cohorts.values())
+                for name, c in cohorts.items():
+                    key = name if len(runs) == 1 else f"{arm}/{name}"
+                    rec = dict(c, likes_share=(float(c.get("total_likes", 0)) / total
+                                               if total > 0 else math.nan))
+                    out.setdefault(key, {}).setdefault(seed, []).append(rec)
+    return out
+
+
 def third(n_epochs: int) -> int:
     """Epochs in a third of a run: floor(E / 3), at least 1."""
     return max(1, n_epochs // 3)
 
 
-def run_summary(records: Sequence[dict]) -> dict:
+def run_summary(records: Sequence[dict], metrics: Sequence[str] = METRICS) -> dict:
     """One run: its per-epoch curves and, per metric, the mean over the first third of epochs,
     over the last third and the change (last - first)."""
     if not records:
         raise ValueError("a run without epochs")
-    values = [epoch_values(r) for r in records]
+    values = [epoch_values(r, metrics) for r in records]
     k = third(len(values))
-    curves = {m: [v[m] for v in values] for m in METRICS}
+    curves = {m: [v[m] for v in values] for m in metrics}
     first = {m: float(np.mean(c[:k])) for m, c in curves.items()}
     last = {m: float(np.mean(c[-k:])) for m, c in curves.items()}
     return {"epochs": len(values), "third": k, "curves": curves, "first": first, "last": last,
-            "change": {m: last[m] - first[m] for m in METRICS}}
+            "change": {m: last[m] - first[m] for m in metrics}}
 
 
 def _finite(values) -> np.ndarray:
@@ -163,10 +188,11 @@ def welch(a, b, level: float = LEVEL) -> dict:
     return out
 
 
-def arm_stats(summaries: Sequence[dict], level: float = LEVEL) -> dict:
+def arm_stats(summaries: Sequence[dict], level: float = LEVEL,
+              metrics: Sequence[str] = METRICS) -> dict:
     """{metric: {"first"|"last"|"change": mean_ci over the runs}} of one arm's run summaries."""
     return {m: {part: mean_ci([s[part][m] for s in summaries], level)
-                for part in ("first", "last", "change")} for m in METRICS}
+                for part in ("first", "last", "change")} for m in metrics}
 
 
 def _verdict(name: str, label: str, ok: float, per_seed: Sequence[float]) -> dict:
@@ -223,22 +249,23 @@ def criteria(runs: Dict[int, dict], control: Optional[Dict[int, dict]] = None) -
 
 
 def analyze(runs: Dict[str, Dict[int, Sequence[dict]]], control: Optional[str] = CONTROL,
-            level: float = LEVEL) -> dict:
+            level: float = LEVEL, metrics: Sequence[str] = METRICS) -> dict:
     """The study of {arm: {seed: metrics records}}: per-run summaries, per-arm statistics,
     every other arm vs the `control` arm (when it is one of the arms) and the criteria."""
-    summaries = {arm: {s: run_summary(recs) for s, recs in sorted(by_seed.items())}
+    metrics = tuple(metrics)
+    summaries = {arm: {s: run_summary(recs, metrics) for s, recs in sorted(by_seed.items())}
                  for arm, by_seed in runs.items()}
     control = control if control in summaries else None
     ctrl = summaries.get(control) if control else None
-    result = {"arms": list(summaries), "control": control, "level": level, "metrics": METRICS,
+    result = {"arms": list(summaries), "control": control, "level": level, "metrics": metrics,
               "runs": summaries, "stats": {}, "comparisons": {}, "criteria": {}}
     for arm, by_seed in summaries.items():
-        result["stats"][arm] = arm_stats(list(by_seed.values()), level)
+        result["stats"][arm] = arm_stats(list(by_seed.values()), level, metrics)
         result["criteria"][arm] = criteria(by_seed, ctrl if arm != control else None)
         if ctrl is not None and arm != control:
             result["comparisons"][arm] = {
                 m: welch([r["change"][m] for r in by_seed.values()],
-                         [r["change"][m] for r in ctrl.values()], level) for m in METRICS}
+                         [r["change"][m] for r in ctrl.values()], level) for m in metrics}
     return result
 
 
@@ -299,7 +326,7 @@ def markdown(result: dict, command: Optional[str] = None) -> str:
     for a in compared:
         header += [f"{a} - {control} (± CI)", f"p ({a})"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for m in METRICS:
+    for m in result.get("metrics", METRICS):
         row = [LABELS[m]] + [_arm_cell(result["stats"][a][m]) for a in arms]
         for a in compared:
             c = result["comparisons"][a][m]
@@ -391,10 +418,11 @@ def plot(result: dict, path: str, cols: int = 4) -> bool:
         from matplotlib.ticker import MaxNLocator
     except ImportError:
         return False
-    rows = math.ceil(len(METRICS) / cols)
+    metrics = result.get("metrics", METRICS)
+    rows = math.ceil(len(metrics) / cols)
     fig = Figure(figsize=(4 * cols, 3.2 * rows), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    for ax, m in zip(axes, METRICS):
+    for ax, m in zip(axes, metrics):
         for i, (arm, by_seed) in enumerate(result["runs"].items()):
             c = _arm_curves(by_seed, m)
             if not np.isfinite(c).any():
@@ -407,7 +435,7 @@ def plot(result: dict, path: str, cols: int = 4) -> bool:
             ax.fill_between(x, lo, hi, color=f"C{i}", alpha=0.2, linewidth=0)
         ax.set(title=LABELS[m], xlabel="epoch")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    for ax in axes[len(METRICS):]:
+    for ax in axes[len(metrics):]:
         ax.set_visible(False)
     axes[0].legend(fontsize="small", title="mean, band: min..max over seeds",
                    title_fontsize="x-small")

@@ -67,6 +67,9 @@ _CONTROL = flags.DEFINE_bool("control", False, "Add the arm 'control': the base 
 _ARMS = flags.DEFINE_multi_string("arm", [], "NAME:key=value[,key=value...]: an arm of "
                                   "config overrides (repeatable; default: one arm 'trained').")
 _PARALLEL = flags.DEFINE_integer("parallel", 2, "Runs at a time.")
+_COHORTS = flags.DEFINE_bool("cohorts", False, "A study of a config with agents.cohorts: each "
+                             "cohort is a column of the table (with its share of the likes), "
+                             "compared with the first frozen cohort.")
 _RECORD = flags.DEFINE_string("record", "", "NAME: also write study.json as a benchmark result, "
                               "benchmarks/results/NAME-<UTC>.json (command, commit, date, "
                               "machine; benchmarks/results/README.md), so docs can quote it.")
@@ -221,7 +224,7 @@ def plan(config_arg, common, arms, seeds, workdir) -> List[Run]:
 
 
 def check_inputs(config_arg, overrides, arm_specs, control, seeds, seed_start, parallel,
-                 workdir) -> Tuple[Dict[str, List[Tuple[str, str]]], List[Run]]:
+                 workdir, cohorts=False) -> Tuple[Dict[str, List[Tuple[str, str]]], List[Run]]:
     """(arms, runs) of a study command; ValueError in one line for bad input (nothing is
     written or started)."""
     for flag, value, lo in (("seeds", seeds, 1), ("parallel", parallel, 1),
@@ -235,7 +238,9 @@ def check_inputs(config_arg, overrides, arm_specs, control, seeds, seed_start, p
     if any(override_key(o) == "seed" for o in overrides):
         raise ValueError("--config.seed: the study sets seed itself (--seeds, --seed_start)")
     arms = parse_arms(arm_specs, control)
-    load_config(config_arg, overrides)  # the common flags, named without an arm
+    config = load_config(config_arg, overrides)  # the common flags, named without an arm
+    if cohorts and not config.agents.get("cohorts", ()):
+        raise ValueError(f"--cohorts: {config_arg} has no agents.cohorts")
     seed_list = list(range(seed_start, seed_start + seeds))
     return arms, plan(config_arg, overrides, arms, seed_list, workdir)
 
@@ -389,15 +394,29 @@ def _epoch_seconds(records) -> Optional[float]:
     return round(float(sum(walls)), 1)
 
 
-def write_outputs(workdir, arms, runs, common, config_arg, say, parallel=None):
-    """Read every run's metrics, write study.json / study.md / study.png, print the table."""
+def frozen_cohort(config_arg, common) -> Optional[str]:
+    """The first frozen cohort of the config's agents.cohorts (a cohort study's control)."""
+    for cohort in load_config(config_arg, common).agents.get("cohorts", ()) or ():
+        if not dict(cohort).get("trainable", True):
+            return str(dict(cohort)["name"])
+    return None
+
+
+def write_outputs(workdir, arms, runs, common, config_arg, say, parallel=None, cohorts=False):
+    """Read every run's metrics, write study.json / study.md / study.png, print the table.
+    cohorts: the columns are the runs' cohorts (`study.cohort_runs`)."""
     records = {arm: {} for arm in arms}
     seconds = {}
     for run in runs:
         found = study.read_metrics(os.path.join(run.workdir, "metrics.jsonl"))
         records[run.arm][run.seed] = found[:run.epochs]
         seconds[run.arm, run.seed] = _epoch_seconds(found[:run.epochs])
-    result = study.analyze(records, control=study.CONTROL)
+    if cohorts:
+        result = study.analyze(study.cohort_runs(records),
+                               control=frozen_cohort(config_arg, common),
+                               metrics=study.COHORT_METRICS)
+    else:
+        result = study.analyze(records, control=study.CONTROL)
     command = shlex.join(["python", *_ARGV]) if _ARGV else None
     text = study.markdown(result, command)
     fails = study.failures(records)  # tool_call / free mode: parse failures by kind
@@ -444,7 +463,7 @@ def main(argv):
     try:
         arms, runs = check_inputs(_CONFIG.value, _OVERRIDES, _ARMS.value, _CONTROL.value,
                                   _SEEDS.value, _SEED_START.value, _PARALLEL.value,
-                                  _WORKDIR.value)
+                                  _WORKDIR.value, _COHORTS.value)
         if _RECORD.value:
             check_record_name(_RECORD.value)
         workdir_lock.prepare(_WORKDIR.value)
@@ -465,7 +484,7 @@ def main(argv):
                      "are skipped)")
         sys.exit(1)
     record = write_outputs(_WORKDIR.value, arms, runs, _OVERRIDES, _CONFIG.value, launcher.say,
-                           parallel=_PARALLEL.value)
+                           parallel=_PARALLEL.value, cohorts=_COHORTS.value)
     if _RECORD.value:
         path = record_result(_RECORD.value, record, argv=_ARGV or None)
         launcher.say(f"result: {os.path.relpath(path, ROOT)}")

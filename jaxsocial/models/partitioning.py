@@ -119,8 +119,14 @@ def gather_in_place(x: Any, kernels: Sequence[Any]) -> Tuple[Any, Tuple[Any, ...
              if isinstance(k, nnx.Variable) and _variable_names(k) else None
              for k, v in zip(kernels, values)]
 
+    def pin_one(v, s):
+        if s is None:
+            return v
+        constrain = lambda w: jax.lax.with_sharding_constraint(w, NamedSharding(mesh, s))  # noqa
+        # an `adapters.Adapted` kernel: W keeps its layout, the small adapters replicated
+        return v.map_base(constrain) if hasattr(v, "map_base") else constrain(v)
+
     def pin(vs):  # each kernel on its own (sharded) layout
-        return tuple(v if s is None else jax.lax.with_sharding_constraint(
-            v, NamedSharding(mesh, s)) for v, s in zip(vs, specs))
+        return tuple(pin_one(v, s) for v, s in zip(vs, specs))
     x, values = jax.lax.optimization_barrier((x, pin(values)))
     return x, pin(values)

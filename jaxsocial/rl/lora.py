@@ -7,7 +7,11 @@ initial policy equals the base. The base weights stay frozen in `TrainState.ref_
 also the reference policy: no second copy of the model is kept.
 
 `merge` materialises the merged kernels inside the jitted forward (one transient copy of the
-targeted weights), which keeps the Llama module untouched; optimizer state is only over A, B.
+targeted weights); optimizer state is only over A, B. `adapt` keeps them unmerged instead: every
+targeted kernel becomes a `models.adapters.Adapted` (x @ W + scale * (x @ A) @ B), which is how
+several adapters, stacked [K, ...], serve one batch with one adapter per row (the agents'
+cohorts), and how one adapter trains without the backward computing W's full gradient
+(`LoraConfig.merged=False`). Neither path changes the Llama module.
 """
 from __future__ import annotations
 
@@ -16,16 +20,20 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jaxsocial.models.adapters import Adapted
+
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclasses.dataclass(frozen=True)
 class LoraConfig:
-    """rank r, scale alpha / r, and the kernel names to adapt (2-D weights only)."""
+    """rank r, scale alpha / r, the kernel names to adapt (2-D weights only), and whether the
+    forward merges W + scale * A @ B (`merge`) or keeps the adapters apart (`adapt`)."""
 
     rank: int = 8
     alpha: float = 16.0
     targets: tuple = DEFAULT_TARGETS
+    merged: bool = True
 
     def __post_init__(self):
         if self.rank < 1:
@@ -84,6 +92,27 @@ def merge(base, adapters, cfg: LoraConfig):
         delta = (ad["a"] @ ad["b"]) * cfg.scale
         _set(merged, path, (w.astype(jnp.float32) + delta).astype(w.dtype))
     return merged
+
+
+def adapt(base, adapters, cfg: LoraConfig, rows=None):
+    """Weights whose adapted kernels are unmerged `Adapted` kernels (the rest of `base` as is).
+
+    adapters: one adapter tree (leaves a [in, r], b [r, out]; rows None), or K stacked ones
+    (a [K, in, r], b [K, r, out]) with rows [B] int32 the adapter of each batch row (-1: the
+    base alone)."""
+    out = jax.tree.map(lambda x: x, base)
+    for path, w in _targeted(base, cfg):
+        ad = _get(adapters, path)
+        a, b = ad["a"], ad["b"]
+        if rows is None:
+            a, b = a[None], b[None]
+        _set(out, path, Adapted(w=w, a=a, b=b, rows=rows, scale=cfg.scale))
+    return out
+
+
+def stack(adapters_list) -> dict:
+    """K adapter trees -> one tree with leaves stacked along a new leading [K] axis."""
+    return jax.tree.map(lambda *x: jnp.stack(x), *adapters_list)
 
 
 def num_params(tree) -> int:

@@ -108,8 +108,11 @@ def init_policy(model, key=None, *, value_mode: str = "head", critic=None, lora=
 
 
 def policy_weights(pdef: PolicyDef, params, ref_params):
-    """The weights the policy forward uses (base + LoRA delta when LoRA is on)."""
+    """The weights the policy forward uses (base + LoRA delta when LoRA is on: merged, or
+    unmerged `Adapted` kernels with `LoraConfig.merged=False`)."""
     if pdef.lora is not None:
+        if not pdef.lora.merged:
+            return lora_lib.adapt(ref_params, params["policy"], pdef.lora)
         return lora_lib.merge(ref_params, params["policy"], pdef.lora)
     return params["policy"]
 

@@ -16,7 +16,7 @@ from jaxsocial.agents import actions
 from jaxsocial.rl.config import KL_PER
 from jaxsocial.rl.rewards import NON_POST_MODES, NORMALIZE_MODES
 from jaxsocial.social import activation, society, text_bank
-from jaxsocial.train import bounds, society_encoder
+from jaxsocial.train import bounds, cohorts, society_encoder
 from jaxsocial.train import config as run_config
 
 _get = run_config.config_get
@@ -150,6 +150,11 @@ def check(config: ml_collections.ConfigDict, machine: bool = True) -> None:
                                            sp.embed_dim)
             except ValueError as e:
                 problems.append(str(e))
+    if not problems and _get(config, "agents.cohorts", ()):
+        try:
+            cohorts.from_config(config)
+        except (ValueError, TypeError, KeyError) as e:
+            problems.append(str(e))
     target = str(_get(config, "train.preflight", "") or "")
     parts = target.split(":")
     need(not target or parts == ["auto"] or (len(parts) == 3 and parts[0] in ("tpu", "gpu")),

@@ -79,6 +79,11 @@ def base_config() -> ml_collections.ConfigDict:
         # its own context (persona + current feed), greedily, outside the society (nothing
         # posted, no reward); the answers go to interviews.jsonl and summary.md.
         interviews=(),
+        # Several policies in one society (jaxsocial.train.cohorts, docs/cohorts.md): a tuple of
+        # dicts {name, share | ids, trainable, reward: {like, repost, comment, new_followers},
+        # personas}; each trainable cohort trains its own LoRA adapter over the shared base.
+        # () = one trainable policy for every agent.
+        cohorts=(),
     ))
     # Passed to jaxsocial.social.state.SocialParams (num_agents is set from agents.num_agents).
     c.society = ml_collections.ConfigDict(dict(

@@ -37,18 +37,21 @@ from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from jaxsocial.agents import actions, prompting, tool_calls
 from jaxsocial.generation import grammar as grammar_lib
 from jaxsocial.generation.generate import generate_from_state
 from jaxsocial.rl import buffer as buffer_lib
+from jaxsocial.rl import lora as lora_lib
 from jaxsocial.rl import policy as policy_lib
 from jaxsocial.rl import rewards as rewards_lib
 from jaxsocial.rl.state import TrainState
 from jaxsocial.social import activation, society
 from jaxsocial.social.actions import ActionType
 from jaxsocial.social.state import SocialState
+from jaxsocial.train import cohorts as cohorts_lib
 from jaxsocial.train import sharding, society_encoder
 from jaxsocial.train.setup import RunState, Setup
 
@@ -94,6 +97,7 @@ class EpochView:
     parsed: Array          # [T, B] bool
     failure: Array         # [T, B] int32 tool_calls.FAIL_*
     reason: Array          # [T, B] int32
+    target_author: Array   # [T, B] int32 author of the targeted feed post, -1 if none
     created: Array         # [T, B] bool the action created a post / comment
     score: Array           # [T, B] float32 trajectory score
     engagement: Array      # [T, B, E] float32 engagement of the created post within the horizon
@@ -155,6 +159,9 @@ def make_rollout(setup: Setup):
     # rl.old_values="rollout": the value head reads the generator's hidden states, and the
     # policy's scoring forward is skipped for the values too.
     rollout_values = setup.old_values == "rollout"
+    # agents.cohorts: each row of a tick answers with its cohort's adapter (train.cohorts)
+    cohorts = setup.cohorts
+    row_slot = None if cohorts is None else jnp.asarray(cohorts.row_slot)
 
     def embed(ref_params, encoder, content: Array) -> Array:
         """The society's frozen encoder: content [B, L] policy tokens -> unit embeddings [B, d].
@@ -174,7 +181,12 @@ def make_rollout(setup: Setup):
 
     def acting_agents(key, soc: SocialState) -> Array:
         """[B] int32: by the hour's activity (OASIS's profiles), a uniform random subset, or
-        all agents."""
+        all agents (with cohorts: within each cohort, the cohorts' rows in order)."""
+        if cohorts is not None:
+            hourly = None
+            if weights_of_hour is not None:
+                hourly = weights_of_hour[:, activation.hour_of_tick(soc.tick, sp)]
+            return cohorts_lib.acting_agents(cohorts, key, hourly, activation.sample_active)
         if weights_of_hour is not None:
             hour = activation.hour_of_tick(soc.tick, sp)
             return activation.sample_active(key, weights_of_hour[:, hour], active)
@@ -183,7 +195,10 @@ def make_rollout(setup: Setup):
         return jnp.arange(num_agents, dtype=jnp.int32)
 
     def rollout(params, ref_params, soc: SocialState, key: Array, grammar=None, encoder=None):
-        weights = policy_lib.policy_weights(pdef, params, ref_params)
+        if cohorts is None:
+            weights = policy_lib.policy_weights(pdef, params, ref_params)
+        else:  # one batched forward, each row through its cohort's adapter (frozen: none)
+            weights = lora_lib.adapt(ref_params, params["policy"], pdef.lora, rows=row_slot)
 
         def agent_tick(carry, _):
             soc, key = carry
@@ -216,8 +231,9 @@ def make_rollout(setup: Setup):
                       target_author=jnp.where(parsed.feed_pos >= 0, jnp.take_along_axis(
                           feed_authors, jnp.maximum(parsed.feed_pos, 0)[:, None], 1)[:, 0], -1))
             if rollout_values:
-                ys["values"] = jnp.where(out.mask, policy_lib.head_values(params,
-                                                                          out.step_hidden), 0.0)
+                v = (policy_lib.head_values(params, out.step_hidden) if cohorts is None else
+                     cohorts_lib.row_values(params["value"]["head"], out.step_hidden, row_slot))
+                ys["values"] = jnp.where(out.mask, v, 0.0)
             return (soc, key), (ys, record(soc, info))
 
         def settle_tick(carry, _):
@@ -252,6 +268,24 @@ def make_scoring(setup: Setup):
     # rl.old_logprobs: the rollout's log-probs serve as the old log-probs where they are exact
     # (`policy.old_logprobs_source`), and the policy's scoring forward is skipped.
     reuse_logprobs = setup.old_logprobs == "rollout"
+    cohorts = setup.cohorts
+    if cohorts is not None:  # each row is scored by its cohort's reward weights
+        row_weights = jnp.asarray(cohorts.reward[cohorts.row_cohort])        # [B, 4]
+        row_onehot = jax.nn.one_hot(jnp.asarray(cohorts.row_cohort), cohorts.num)  # [B, C]
+        cohort_followers = bool(np.any(cohorts.reward[:, 3]))
+        cohort_rows = jnp.asarray(cohorts.rows(int(c.rollout.ticks_per_epoch)))  # [K, R]
+
+    def non_post_base(score, made, onehot=None):
+        """What an answer that created nothing earns: reward.non_post, or ("mean", "skip") the
+        epoch's mean post score (with cohorts: its cohort's), so posting pays only when the
+        post beats the average. "skip" scores them the same way (for GRPO's group
+        statistics) and leaves them out of the update (`score_batch`)."""
+        if non_post_mode == "constant":
+            return non_post
+        if onehot is None:
+            return jnp.sum(jnp.where(made, score, 0.0)) / jnp.maximum(jnp.sum(made), 1)
+        total = jnp.where(made, score, 0.0) @ onehot                       # [C]
+        return (total / jnp.maximum(made.astype(jnp.float32) @ onehot, 1)) @ onehot.T
 
     def social_reward(ro: Rollout):
         """Per-trajectory score [T, B] and per-post engagement [T, B, E] (0 where no post)."""
@@ -260,23 +294,32 @@ def make_scoring(setup: Setup):
         created_tick = jnp.repeat(ro.tick, b)
         eng = rewards_lib.engagement_within_horizon(created, created_tick, ro.deltas,
                                                     ro.slot_ids, horizon, first_tick=ro.tick[0])
+        if cohorts is not None:
+            return cohort_reward(ro, eng, created, created_tick)
         score = eng @ jnp.asarray(reward_weights, jnp.float32)
         if new_followers:
             score += new_followers * rewards_lib.followers_within_horizon(
                 ro.agent.reshape(-1), created_tick, ro.follower_delta, horizon, ro.tick[0],
                 valid=created >= 0)
         made = created >= 0
-        if non_post_mode == "constant":
-            base = non_post
-        else:
-            # "mean": actions that create nothing earn the epoch's mean post score, so posting
-            # pays only when the post beats the average. "skip" scores them the same way (for
-            # GRPO's group statistics) and leaves them out of the update (`score_batch`).
-            base = jnp.sum(jnp.where(made, score, 0.0)) / jnp.maximum(jnp.sum(made), 1)
-        score = jnp.where(made, score, base)
+        score = jnp.where(made, score, non_post_base(score, made))
+        return score.reshape(t, b), eng.reshape(t, b, -1)
+
+    def cohort_reward(ro: Rollout, eng, created, created_tick):
+        t, b = ro.created_id.shape
+        w = jnp.tile(row_weights, (t, 1))                                     # [T * B, 4]
+        score = jnp.sum(eng * w[:, :3], axis=-1)
+        if cohort_followers:
+            score += w[:, 3] * rewards_lib.followers_within_horizon(
+                ro.agent.reshape(-1), created_tick, ro.follower_delta, horizon, ro.tick[0],
+                valid=created >= 0)
+        made = created >= 0
+        score = jnp.where(made, score, non_post_base(score, made, jnp.tile(row_onehot, (t, 1))))
         return score.reshape(t, b), eng.reshape(t, b, -1)
 
     def score_batch(train: TrainState, ro: Rollout, bonus: Array, grammar=None):
+        if cohorts is not None:
+            return cohort_score_batch(train, ro, bonus, grammar)
         s, eng = social_reward(ro)
         s = s + bonus
         s_n = rewards_lib.normalize_scores(s.reshape(-1), normalize)
@@ -305,6 +348,38 @@ def make_scoring(setup: Setup):
             gap = jnp.max(jnp.abs(jnp.where(batch.response_mask, lp - rollout_lp, 0.0)))
         return batch, s, eng, gap
 
+    def cohort_score_batch(train: TrainState, ro: Rollout, bonus: Array, grammar=None):
+        """score_batch with cohorts: the trajectories [K, R, ...] of each trainable cohort,
+        scored by its own adapter and value head, scores normalised within the cohort."""
+        s, eng = social_reward(ro)
+        s = s + bonus
+        flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
+        response_mask = flat(ro.mask)
+        if non_post_mode == "skip":
+            response_mask = response_mask & (flat(ro.created_id) >= 0)[:, None]
+        whole = buffer_lib.make_trajectory(flat(ro.prompt_ids), flat(ro.prompt_mask),
+                                           flat(ro.tokens), response_mask, scores=s.reshape(-1))
+        rollout_lp, rollout_v = flat(ro.logprobs), None if ro.values is None else flat(ro.values)
+
+        def one(train_k: TrainState, rows: Array):
+            batch = jax.tree.map(lambda x: x[rows], whole)
+            batch = batch.replace(scores=rewards_lib.normalize_scores(batch.scores, normalize))
+            if grammar is not None:
+                batch = batch.replace(fsm_states=grammar_lib.step_states(
+                    grammar, batch.response_tokens, batch.response_mask))
+            batch, lp_k, v_k = rows_on_data_axes(
+                (batch, rollout_lp[rows], None if rollout_v is None else rollout_v[rows]), mesh)
+            lp, ref, values = policy_lib.score_batch(pdef, train_k.params, train_k.ref_params,
+                                                     batch, rl_config, grammar,
+                                                     rollout_logprobs=lp_k, rollout_values=v_k)
+            gap = (jnp.float32(jnp.nan) if reuse_logprobs else
+                   jnp.max(jnp.abs(jnp.where(batch.response_mask, lp - lp_k, 0.0))))
+            return train_k, (batch.replace(old_logprobs=lp, ref_logprobs=ref, values=values),
+                             gap)
+
+        _, (batch, gap) = cohorts_lib.map_cohorts(one, train, cohort_rows)
+        return batch, s, eng, jnp.max(gap)
+
     def view(ro: Rollout, s: Array, eng: Array, gap: Array) -> EpochView:
         """Reduce the epoch to what the host's metrics and samples read."""
         t, b = ro.created_id.shape
@@ -318,7 +393,8 @@ def make_scoring(setup: Setup):
         flat = lambda x: x.reshape((t * b,) + x.shape[2:])[safe]  # noqa: E731
         return EpochView(
             agent=ro.agent, action_type=ro.action_type, parsed=ro.parsed, failure=ro.failure,
-            reason=ro.reason, created=created, score=s, engagement=eng.astype(jnp.float32),
+            reason=ro.reason, target_author=ro.target_author, created=created, score=s,
+            engagement=eng.astype(jnp.float32),
             tokens=jnp.sum(ro.mask).astype(jnp.float32), crowd_posts=jnp.sum(ro.crowd_posts),
             post_index=idx.astype(jnp.int32), post_tokens=jnp.where(keep, flat(ro.tokens), 0),
             post_mask=keep & flat(ro.mask), post_embedding=jnp.where(keep, flat(ro.embedding), 0),
@@ -334,7 +410,12 @@ def make_epoch(setup: Setup) -> EpochFns:
     social_reward, score_batch, view = make_scoring(setup)
 
     def update(train: TrainState, batch, grammar=None):
-        return compiled_update.fn(train, batch, grammar)
+        if setup.cohorts is None:
+            return compiled_update.fn(train, batch, grammar)
+        # with cohorts: each trainable cohort's update on its own rows [K, R, ...], in turn
+        return cohorts_lib.map_cohorts(
+            lambda t, b: compiled_update.fn(t, rows_on_data_axes(b, mesh), grammar),
+            train, batch)
 
     def begin(state: RunState):
         """The epoch's keys: (the loop key carried on, the rollout's key)."""
@@ -352,7 +433,8 @@ def make_epoch(setup: Setup) -> EpochFns:
                           grammar=grammar, encoder=encoder)
         no_bonus = jnp.zeros(ro.created_id.shape, jnp.float32)
         batch, s, eng, gap = score_batch(state.train, ro, no_bonus, grammar=grammar)
-        batch = rows_on_data_axes(batch, mesh)  # as the host path's put_global: scored fields too
+        if setup.cohorts is None:  # (cohorts: each cohort's rows, inside `update`)
+            batch = rows_on_data_axes(batch, mesh)  # as the host path's put_global: scored too
         train, upd = update(state.train, batch, grammar)
         return end(state, key, soc, train), upd, view(ro, s, eng, gap)
 

@@ -16,10 +16,12 @@ from jaxsocial.agents import prompting, tool_calls
 from jaxsocial.generation.generate import generate_from_state
 from jaxsocial.generation.sampling import SamplingConfig
 from jaxsocial.models import checkpoint_hf
+from jaxsocial.rl import lora as lora_lib
 from jaxsocial.rl import policy as policy_lib
 from jaxsocial.social import cascades, polarisation, society
 from jaxsocial.social.actions import ActionType
 from jaxsocial.train import code_problems, report, sharding
+from jaxsocial.train import cohorts as cohorts_lib
 from jaxsocial.train import setup as setup_lib
 from jaxsocial.train.epoch import EpochView, Rollout
 from jaxsocial.train.setup import RunState, Setup, Text
@@ -29,15 +31,18 @@ _polarisation = jax.jit(polarisation.summary, static_argnames=("params", "sample
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 3))
-def _interview_answers(pdef, social_params, template, sampling, params, ref_params, soc, key):
+def _interview_answers(pdef, social_params, template, sampling, params, ref_params, soc, key,
+                       agent_slot=None):
     """GenerationOutput of every agent's greedy answer to the prompt `template` over the feed
-    it would see in `soc` now (`society.feed`: pure, nothing marked seen)."""
+    it would see in `soc` now (`society.feed`: pure, nothing marked seen). agent_slot [A]
+    int32: with cohorts, each agent's adapter (-1: the base)."""
     agents = jnp.arange(social_params.num_agents, dtype=jnp.int32)
     feed = society.feed(key, soc, agents, social_params)
     view = prompting.feed_view(soc.posts, feed.slots, feed.valid,
                                social_params.feed_comments or None)
     ids, mask = prompting.assemble(template, agents, view)
-    weights = policy_lib.policy_weights(pdef, params, ref_params)
+    weights = (policy_lib.policy_weights(pdef, params, ref_params) if agent_slot is None else
+               lora_lib.adapt(ref_params, params["policy"], pdef.lora, rows=agent_slot))
     return generate_from_state(pdef.graphdef, weights, ids, mask, key, sampling)
 
 
@@ -93,7 +98,8 @@ def epoch_metrics(setup: Setup, text: Text, v: EpochView, upd, wall: float, t_ro
         "ticks_per_s": types.shape[0] / max(t_roll, 1e-9),
         "rollout_s": t_roll,
         "wall_s": wall,
-        "ppo": {k: float(x) for k, x in upd.items()},
+        # with cohorts: the trainable cohorts' mean (each cohort's own under "cohorts")
+        "ppo": {k: float(np.mean(x)) for k, x in upd.items()},
     }
     # Text metrics over the first K posts of the epoch, in tick order (all of them when
     # the epoch has at most train.text_metrics_posts posts).
@@ -101,15 +107,67 @@ def epoch_metrics(setup: Setup, text: Text, v: EpochView, upd, wall: float, t_ro
     kept = idx >= 0
     idx = idx[kept]
     m.update(topic_metrics(setup, text, np.asarray(v.post_embedding)[kept]))
-    m.update(_post_texts(setup, text, v, kept, idx, eng))
+    texts = _post_texts(setup, v, kept, idx)
+    m.update(_text_metrics(setup, text, v, kept, idx, eng, texts))
+    if setup.cohorts is not None:
+        m["cohorts"] = cohort_metrics(setup, text, v, upd, kept, idx, texts)
     return m
 
 
-def _post_texts(setup: Setup, text: Text, v: EpochView, kept, idx, eng) -> Dict[str, Any]:
-    """The text metrics of the epoch's first posts: persona similarity, drift, top posts."""
-    m: Dict[str, Any] = {}
-    # Text drift of the epoch's posts (decoded on the host, action prefix "post:" /
-    # "quote <n>:" cut) and the 3 most-liked posts (ties: earliest first) for summary.md.
+def cohort_metrics(setup: Setup, text: Text, v: EpochView, upd, kept, idx, texts
+                   ) -> Dict[str, Any]:
+    """Per cohort (agents.cohorts): the blog's four numbers, total likes, crowd_interest_sim,
+    topic shares, persona similarity and text drift of its posts, its action mix, its reward
+    and (trainable cohorts) its update's metrics; and `likes_given`: the likes its agents gave
+    to posts of each cohort's agents and of the crowd (who likes whom)."""
+    co = setup.cohorts
+    cohort_of = np.asarray(co.agent_cohort)
+    row = cohort_of[np.asarray(v.agent)]                                  # [T, B]
+    types, created = np.asarray(v.action_type), np.asarray(v.created)
+    is_post = created & np.isin(types, [int(ActionType.CREATE_POST), int(ActionType.QUOTE_POST)])
+    eng, sc = np.asarray(v.engagement), np.asarray(v.score)
+    applied = (np.asarray(v.reason) == 0) & np.asarray(v.parsed)
+    liked = applied & (types == int(ActionType.LIKE_POST))
+    author = np.asarray(v.target_author)
+    names = {int(t): t.name.lower() for t in ActionType}
+    post_cohort = row.reshape(-1)[idx]
+    emb = np.asarray(v.post_embedding)[kept]
+    out: Dict[str, Any] = {}
+    for c, name in enumerate(co.names):
+        mine = row == c
+        posts = is_post & mine
+        likes = eng[..., 0][posts]
+        n = int(posts.sum())
+        given = {}
+        by_agent = liked & mine & (author >= 0) & (author < setup.num_agents)
+        author_cohort = cohort_of[np.clip(author, 0, setup.num_agents - 1)]
+        for c2, name2 in enumerate(co.names):
+            given[name2] = int((by_agent & (author_cohort == c2)).sum())
+        given["crowd"] = int((liked & mine & (author >= setup.num_agents)).sum())
+        sel = post_cohort == c
+        m = {"trainable": bool(co.trainable[c]), "agents": int(len(co.members[c])),
+             "avg_likes_per_post": float(likes.mean()) if n else 0.0,
+             "zero_like_share": float((likes == 0).mean()) if n else 0.0,
+             "positive_engagement_share": float((eng.sum(-1)[posts] > 0).mean()) if n else 0.0,
+             "total_posts": n, "total_likes": int(likes.sum()),
+             "reward_mean": float(sc[mine].mean()) if mine.any() else 0.0,
+             "action_mix": {names[k]: int(((types == k) & mine).sum())
+                            for k in np.unique(types[mine])},
+             "likes_given": given}
+        m.update(topic_metrics(setup, text, emb[sel]))
+        m.update({k: x for k, x in _text_metrics(
+            setup, text, v, kept, idx[sel], eng, [t for t, s_ in zip(texts, sel) if s_],
+            emb=emb[sel]).items() if k in ("persona_sim", "drift")})
+        if co.trainable[c]:
+            slot = co.slots[c]
+            m["ppo"] = {k: float(np.asarray(x).reshape(-1)[slot]) for k, x in upd.items()}
+        out[name] = m
+    return out
+
+
+def _post_texts(setup: Setup, v: EpochView, kept, idx) -> List[str]:
+    """The text of the epoch's first posts (decoded on the host, action prefix "post:" /
+    "quote <n>:" cut; tool_call: the call's text argument)."""
     toks, tmask = np.asarray(v.post_tokens)[kept], np.asarray(v.post_mask)[kept]
     texts = [setup.tokenizer.decode(toks[i][tmask[i]], skip_special_tokens=True)
              for i in range(len(idx))]
@@ -120,13 +178,22 @@ def _post_texts(setup: Setup, text: Text, v: EpochView, kept, idx, eng) -> Dict[
             t, c.agents.actions, sp.feed_size, sp.feed_comments)[3] or "" for t in texts]
     else:
         texts = [t.split(":", 1)[-1].strip() for t in texts]
+    return texts
+
+
+def _text_metrics(setup: Setup, text: Text, v: EpochView, kept, idx, eng, texts,
+                  emb: Optional[np.ndarray] = None) -> Dict[str, Any]:
+    """The text metrics of the epoch's first posts (`texts`, at flat rows `idx`): persona
+    similarity, text drift and the 3 most-liked posts (ties: earliest first) for summary.md.
+    emb: their embeddings (default: the view's kept ones)."""
+    m: Dict[str, Any] = {}
     authors = [int(a) for a in np.asarray(v.agent).reshape(-1)[idx]]
     post_likes = eng[..., 0].reshape(-1)[idx]
     # How close the agents' posts stay to their own persona (unit embeddings): a drift
     # towards the crowd's taste shows as this falling while crowd_interest_sim rises.
     persona = np.asarray(text.agent_interest)
     persona = persona / np.maximum(np.linalg.norm(persona, axis=-1, keepdims=True), 1e-12)
-    emb = np.asarray(v.post_embedding)[kept]
+    emb = np.asarray(v.post_embedding)[kept] if emb is None else emb
     m["persona_sim"] = (float(np.mean(np.sum(emb * persona[authors], axis=-1)))
                         if len(authors) else 0.0)
     m["drift"] = report.text_drift(texts, authors)
@@ -219,8 +286,11 @@ def interview(setup: Setup, state: RunState, question: str, max_new_tokens: int 
     epoch = int(sharding.to_host(state.epoch))
     # The feed's exploration draws from its own key: the run's keys are not touched.
     key = jax.random.fold_in(jax.random.key(int(setup.config.seed) + 15485863), epoch)
+    co = setup.cohorts
+    slots = None if co is None else jnp.asarray(co.slots, jnp.int32)[co.agent_cohort]
     out = _interview_answers(setup.pdef, setup.social_params, template, sampling,
-                             state.train.params, state.train.ref_params, state.society, key)
+                             state.train.params, state.train.ref_params, state.society, key,
+                             slots)
     toks, mask = sharding.to_host((out.tokens, out.mask))
     return [{"epoch": epoch, "agent": a, "persona": setup.personas[a],
              "question": str(question).strip(),
@@ -229,16 +299,36 @@ def interview(setup: Setup, state: RunState, question: str, max_new_tokens: int 
             for a in range(setup.num_agents)]
 
 
+def export_names(setup: Setup) -> tuple:
+    """The run's exports, relative to its workdir: "export" (the final policy) or, with
+    cohorts, "export/<name>" per trainable cohort; and "initial" (the policy before any
+    update, which launch/eval.py compares with)."""
+    if setup.cohorts is None:
+        return ("export", "initial")
+    return tuple(f"export/{setup.cohorts.names[c]}" for c in setup.cohorts.trained) + ("initial",)
+
+
 def export_policy(setup: Setup, state: RunState, path: str, write: bool = True,
-                  initial: bool = False) -> None:
+                  initial: bool = False, cohort: Optional[str] = None) -> None:
     """Write the current policy as a complete Hugging Face directory: weights, config.json,
     generation_config.json (eos = the run's stop ids) (`checkpoint_hf.save_pretrained`) and
     the tokenizer with its chat template, so `AutoTokenizer` / `AutoModelForCausalLM` and
     `launch/eval.py` load it as it is. initial: the run's initial policy instead (the
-    frozen reference: the weights before any update). Multi-process: every process must
-    call it (the weights are gathered); `write` only on one."""
-    weights = (state.train.ref_params if initial else policy_lib.policy_weights(
-        setup.pdef, state.train.params, state.train.ref_params))
+    frozen reference: the weights before any update). cohort: with cohorts, the name of the
+    trainable cohort whose adapter is merged in. Multi-process: every process must call it
+    (the weights are gathered); `write` only on one."""
+    train = state.train
+    if initial:
+        weights = train.ref_params
+    elif setup.cohorts is not None:
+        co = setup.cohorts
+        if cohort not in co.names or not co.trainable[co.names.index(cohort)]:
+            raise ValueError(f"cohort={cohort!r}: export one of the trainable cohorts "
+                             f"{[co.names[c] for c in co.trained]}")
+        adapters = cohorts_lib.cohort_params(train, co.slots[co.names.index(cohort)])["policy"]
+        weights = lora_lib.merge(train.ref_params, adapters, setup.pdef.lora)
+    else:
+        weights = policy_lib.policy_weights(setup.pdef, train.params, train.ref_params)
     host = sharding.to_host(weights)
     if write:
         model = nnx.merge(setup.pdef.graphdef, host)

@@ -174,7 +174,8 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
              minibatch_rows: Optional[int] = None,
              score_micro_batch: int = 0, attention_chunk: int = 0,
              social_params=None, text_rows: int = 0, grammar_bytes: int = 0,
-             scan_layers: bool = False, prefill_chunk: Optional[int] = None) -> MemoryEstimate:
+             scan_layers: bool = False, prefill_chunk: Optional[int] = None,
+             cohorts: int = 1) -> MemoryEstimate:
     """Per-device bytes of the epoch's programs: rollout, scoring, PPO update (the
     three-program epoch) and, with donate=True, the one-program epoch.
 
@@ -200,7 +201,9 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     of every post slot. grammar_bytes: the constrained-decoding tables (`tree_bytes`), an
     argument of the rollout, scoring and the epoch (the update reads its bool table).
     prefill_chunk: the rollout's `SamplingConfig.prefill_chunk` (None: its default); the
-    prefill's working set is one chunk's (`SamplingConfig.prefill_chunks`).
+    prefill's working set is one chunk's (`SamplingConfig.prefill_chunks`). cohorts: the
+    trainable cohorts (`agents.cohorts`, LoRA only), each with its own adapters, value head and
+    optimizer state; their unmerged adapters are counted as the merged kernels of one.
 
     What each program holds, per device (the terms are the buffers XLA allocates for them,
     read from the compiled programs' buffer assignment at Llama-3-8B / 3.2-1B shapes:
@@ -211,7 +214,7 @@ def estimate(cfg: LlamaConfig, mesh_shape: Sequence[int] = (1, 1, 1), *, batch: 
     """
     w = _weights(cfg, mesh_shape, with_reference=with_reference,
                  optimizer_slots=optimizer_slots, lora_rank=lora_rank,
-                 optimizer_dtype=optimizer_dtype, scan_layers=scan_layers)
+                 optimizer_dtype=optimizer_dtype, scan_layers=scan_layers, cohorts=cohorts)
     seq = prompt_len + response_len
     rows = int(trajectories or batch)
     society = society_bytes(social_params, mesh_shape, text_rows=text_rows) \
@@ -285,7 +288,8 @@ def _div(n: int, k: int) -> int:
 
 
 def _weights(cfg: LlamaConfig, mesh_shape, *, with_reference: bool, optimizer_slots: int,
-             lora_rank: int, optimizer_dtype: Optional[str], scan_layers: bool) -> _Weights:
+             lora_rank: int, optimizer_dtype: Optional[str], scan_layers: bool,
+             cohorts: int = 1) -> _Weights:
     """Weight, optimizer and reference bytes per device. LoRA (lora_rank > 0): float32
     adapters on q/k/v/o/gate/up/down are trained, the base is frozen and is the reference, and
     base + A @ B of every adapted kernel is materialised (sharded like the base). Scanned layers
@@ -308,7 +312,7 @@ def _weights(cfg: LlamaConfig, mesh_shape, *, with_reference: bool, optimizer_sl
     if lora_rank:
         nd, kd = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
         per_layer = (h + nd) + 2 * (h + kd) + (nd + h) + 3 * (h + i)  # a + b per kernel
-        trainable = L * lora_rank * per_layer * 4 + value_head
+        trainable = (L * lora_rank * per_layer * 4 + value_head) * max(1, int(cohorts))
         opt, reference, merged, models = optimizer_slots * trainable, 0, layers_local, 1
     else:
         trainable = params + value_head

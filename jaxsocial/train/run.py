@@ -133,9 +133,10 @@ class Run:
         return host.interview(self.setup, state, question, max_new_tokens)
 
     def export_policy(self, state: RunState, path: str, write: bool = True,
-                      initial: bool = False) -> None:
-        """`host.export_policy`: the policy (or the initial one) as a Hugging Face directory."""
-        host.export_policy(self.setup, state, path, write=write, initial=initial)
+                      initial: bool = False, cohort: Optional[str] = None) -> None:
+        """`host.export_policy`: the policy (or the initial one, or a cohort's) as a Hugging
+        Face directory."""
+        host.export_policy(self.setup, state, path, write=write, initial=initial, cohort=cohort)
 
     def memory_estimate(self):
         return setup_lib.memory_estimate(self.setup)

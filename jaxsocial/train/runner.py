@@ -19,7 +19,7 @@ from absl import logging
 from tqdm import tqdm
 
 from jaxsocial.models import checkpoint_hf
-from jaxsocial.train import checkpointing, checks, report, sharding, workdir_lock
+from jaxsocial.train import checkpointing, checks, host, report, sharding, workdir_lock
 from jaxsocial.train import config as run_config
 from jaxsocial.train import run as run_lib
 from jaxsocial.train import run_log as log_lib
@@ -324,17 +324,15 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
     return summary
 
 
-EXPORTS = ("export", "initial")  # the final policy, and the initial one launch/eval.py compares
-
-
 def _export_all(run, state, workdir: str, lead: bool, verify_existing: bool) -> list:
-    """Write export/ and initial/ (each all or nothing); returns the names written.
+    """Write export/ (with cohorts: export/<cohort>/ each) and initial/ (`host.export_names`;
+    each all or nothing); returns the names written.
 
     verify_existing: a finished run's rerun keeps a directory that verifies and rewrites one
     that is missing or incomplete. Multi-process: every process joins (the weights are
     gathered); the verdict is process 0's."""
     todo = []
-    for name in EXPORTS:
+    for name in host.export_names(run.setup):
         path = os.path.join(workdir, name)
         if verify_existing:
             problem = checkpoint_hf.export_problem(path) if lead else None
@@ -346,19 +344,22 @@ def _export_all(run, state, workdir: str, lead: bool, verify_existing: bool) -> 
                 continue
             logging.warning("%s is incomplete (%s): writing it again from the final checkpoint",
                             name + "/", problem)
-        _export_atomic(run, state, path, lead, initial=name == "initial")
+        _export_atomic(run, state, path, lead, initial=name == "initial",
+                       cohort=name.split("/", 1)[1] if "/" in name else None)
         todo.append(name)
     return todo
 
 
-def _export_atomic(run, state, path: str, lead: bool, initial: bool) -> None:
+def _export_atomic(run, state, path: str, lead: bool, initial: bool,
+                   cohort: Optional[str] = None) -> None:
     """Write into `path.partial`, verify it, then swap it in for `path` (a crash leaves either
     the old directory or the new one, never a half-written one in its place)."""
     partial, old = path + ".partial", path + ".old"
     if lead:
         for p in (partial, old):
             shutil.rmtree(p, ignore_errors=True)
-    run.export_policy(state, partial, write=lead, initial=initial)
+        os.makedirs(os.path.dirname(partial), exist_ok=True)
+    run.export_policy(state, partial, write=lead, initial=initial, cohort=cohort)
     if not lead:
         return
     problem = checkpoint_hf.export_problem(partial)

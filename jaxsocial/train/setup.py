@@ -36,6 +36,7 @@ from jaxsocial.rl import ppo as ppo_lib
 from jaxsocial.social import activation, society, text_bank
 from jaxsocial.social.state import SocialParams, normalize
 from jaxsocial.train import checks, code_problems, memory, sharding, society_encoder
+from jaxsocial.train import cohorts as cohorts_lib
 from jaxsocial.train import config as run_config
 
 Array = jax.Array
@@ -143,6 +144,7 @@ class Setup:
     text_tokens: TextTokens
     code: bool                    # code.enabled: the host-side code bonus
     fused: bool                   # one compiled program per epoch
+    cohorts: Optional[cohorts_lib.Cohorts] = None  # agents.cohorts (None: one policy)
 
     @property
     def tool_call(self) -> bool:
@@ -174,7 +176,9 @@ def build_setup(config: ml_collections.ConfigDict, mesh=None, *, check_machine: 
     active = int(c.agents.get("active_per_tick", 0)) or a
     sp = society.make_params(**run_config.society_fields(c), num_agents=a,
                              reward_horizon=int(c.reward.horizon))
-    personas = tuple(c.agents.personas[i % len(c.agents.personas)] for i in range(a))
+    cohorts = cohorts_lib.from_config(c)
+    personas = cohorts_lib.personas(
+        cohorts, [c.agents.personas[i % len(c.agents.personas)] for i in range(a)])
     # tool_call: the tools, their arguments and one example call (or agents.tool_instruction)
     instruction, footer = run_config.prompt_text(c, lambda: tool_calls.tool_instruction(
         c.agents.actions, sp.feed_size))
@@ -188,7 +192,9 @@ def build_setup(config: ml_collections.ConfigDict, mesh=None, *, check_machine: 
         max_new_tokens=n_new, temperature=run_config.temperature(c), top_k=int(c.rollout.top_k),
         top_p=float(c.rollout.top_p), stop_token_ids=stop_ids, prompt_bucket=template.max_len,
         decode_buckets=int(c.rollout.get("decode_buckets", 1)))
-    rl_config = _rl_config(c, active, stop_ids)
+    # with cohorts each trainable cohort's update sees its own rows: a tick is its acting agents
+    rl_config = _rl_config(c, active if cohorts is None else cohorts.active[cohorts.trained[0]],
+                           stop_ids)
     pdef = _policy_def(c, model_config)
     old_logprobs = policy_lib.old_logprobs_source(pdef, rl_config, True)
     make = grpo_lib.make_update if c.rl.algo == "grpo" else ppo_lib.make_update
@@ -212,7 +218,7 @@ def build_setup(config: ml_collections.ConfigDict, mesh=None, *, check_machine: 
         text_tokens=_text_tokens(c, tokenizer, sp, personas, code),
         code=code,
         # One compiled program per epoch unless a reward is computed on the host (code bonus).
-        fused=bool(c.train.get("fused_epoch", True)) and not code)
+        fused=bool(c.train.get("fused_epoch", True)) and not code, cohorts=cohorts)
     if check_machine:
         check_memory(setup)
     return setup
@@ -256,8 +262,11 @@ def _rl_config(c, active: int, stop_ids):
 
 
 def _lora(c):
+    """The LoRA config (None without rl.lora_rank); cohorts keep adapters unmerged, so one
+    batch serves every cohort's adapter and an update computes no full weight gradient."""
     if int(c.rl.lora_rank) > 0:
-        return lora_lib.LoraConfig(rank=int(c.rl.lora_rank), alpha=float(c.rl.lora_alpha))
+        return lora_lib.LoraConfig(rank=int(c.rl.lora_rank), alpha=float(c.rl.lora_alpha),
+                                   merged=not c.agents.get("cohorts", ()))
     return None
 
 
@@ -435,8 +444,13 @@ def _fresh_state(setup: Setup, weights: Weights, text: Text) -> RunState:
     # Fresh buffers throughout: the one-program epoch donates the state, so nothing in it
     # may share a buffer with what the run keeps (initial weights, text banks).
     copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731
-    train = optim.init_train_state(setup.rl_config, setup.pdef, copy(weights.params),
-                                   copy(weights.ref), k_train)
+    if setup.cohorts is None:
+        train = optim.init_train_state(setup.rl_config, setup.pdef, copy(weights.params),
+                                       copy(weights.ref), k_train)
+    else:  # every trainable cohort starts from the same adapters (B = 0: the base itself)
+        train = cohorts_lib.init_train_states(
+            setup.rl_config, setup.pdef, [copy(weights.params)] * setup.cohorts.num_trainable,
+            copy(weights.ref), k_train)
     soc = copy(society.reset(k_soc, setup.social_params, text.crowd_text, text.interest_bank,
                              text.agent_interest))
     return RunState(train=train, society=soc, key=jax.random.key_data(k_loop),
@@ -498,7 +512,8 @@ def memory_estimate(setup: Setup) -> memory.MemoryEstimate:
         score_micro_batch=int(setup.rl_config.micro_batch or 0), score_sharded=True,
         attention_chunk=int(cfg.attention_chunk), donate=setup.fused,
         social_params=setup.social_params, text_rows=len(tt.posts) + len(tt.comments),
-        grammar_bytes=memory.tree_bytes(setup.grammar), scan_layers=bool(cfg.scan_layers))
+        grammar_bytes=memory.tree_bytes(setup.grammar), scan_layers=bool(cfg.scan_layers),
+        cohorts=1 if setup.cohorts is None else setup.cohorts.num_trainable)
 
 
 def check_memory(setup: Setup) -> None:
