@@ -295,3 +295,26 @@ def test_cohort_run_resumes_to_the_same_state_and_exports_each_cohort(tmp_path):
     rows = [json.loads(x) for x in open(straight / "metrics.jsonl")]
     assert [sorted(r["cohorts"]) for r in rows] == [["frozen", "trained"]] * 2
     assert "ppo" in rows[0]["cohorts"]["trained"] and "ppo" not in rows[0]["cohorts"]["frozen"]
+
+
+def test_cohort_epoch_on_eight_devices_equals_one():
+    """Adapted kernels under the (2, 2, 2) mesh's sharding hints (`gather_in_place` pins W
+    alone) and stacked by the scanned layers (general.py's setting): the same answers, rewards
+    and per-cohort updates as on one device."""
+    from test_train_loop import DEVICE_TOL, _one_epoch
+
+    c = _config(TWO)
+    c.model.scan_layers = True
+    run8 = run_lib.build_run(c, mesh=sharding.make_mesh((2, 2, 2)))
+    run1 = run_lib.build_run(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    assert run8.mesh.devices.size == 8
+    (m1, init1, t1), (m8, init8, t8) = _one_epoch(run1), _one_epoch(run8)
+    for name in ("likes", "comments"):
+        a, b = m1["cohorts"][name], m8["cohorts"][name]
+        assert a["total_posts"] == b["total_posts"] and a["action_mix"] == b["action_mix"]
+        np.testing.assert_allclose(a["ppo"]["grad_norm"], b["ppo"]["grad_norm"], rtol=1e-4)
+        assert a["ppo"]["grad_norm"] > 0
+    assert mismatches(init1, init8) == []
+    assert mismatches(t1, t8, **DEVICE_TOL) == []
+    assert mismatches(t1, perturbed(t8), **DEVICE_TOL)  # negative control
+    assert mismatches(t1, init8, **DEVICE_TOL)
