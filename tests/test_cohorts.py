@@ -19,8 +19,8 @@ from jaxsocial.rl import lora as lora_lib
 from jaxsocial.rl import policy as policy_lib
 from jaxsocial.rl.config import PPOConfig
 from jaxsocial.train import cohorts as cohorts_lib
+from jaxsocial.train import report, runner, sharding
 from jaxsocial.train import run as run_lib
-from jaxsocial.train import runner, sharding
 
 ROWS = np.array([1, 0, -1, 1, 0, -1], np.int32)  # the adapter of each row (-1: the base)
 
@@ -295,6 +295,10 @@ def test_cohort_run_resumes_to_the_same_state_and_exports_each_cohort(tmp_path):
     rows = [json.loads(x) for x in open(straight / "metrics.jsonl")]
     assert [sorted(r["cohorts"]) for r in rows] == [["frozen", "trained"]] * 2
     assert "ppo" in rows[0]["cohorts"]["trained"] and "ppo" not in rows[0]["cohorts"]["frozen"]
+    md = open(straight / "summary.md").read()
+    assert "## Cohorts" in md and "| frozen | total likes |" in md and "likes given" in md
+    plain = {"first": dict(rows[0], cohorts=None), "last": dict(rows[-1], cohorts=None)}
+    assert "## Cohorts" not in report.summary_markdown(plain)  # control: not without cohorts
 
 
 def test_cohort_epoch_on_eight_devices_equals_one():

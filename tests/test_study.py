@@ -573,3 +573,31 @@ def test_parse_failures_by_kind_over_epochs():
         study.failures(runs))
     plain = {"trained": {0: [{"interactions": 16, "avg_likes_per_post": 1.0}] * 3}}
     assert study.failures(plain) == {} and study.failures_markdown({}) == ""
+
+
+def _cohort_record(epoch, trained_likes, frozen_likes, posts=4):
+    def one(likes):
+        return {"avg_likes_per_post": likes / posts, "total_posts": posts, "total_likes": likes,
+                "zero_like_share": 0.0, "positive_engagement_share": 1.0,
+                "crowd_interest_sim": 0.1, "action_mix": {"create_post": posts}}
+    return {"epoch": epoch, "cohorts": {"trained": one(trained_likes),
+                                        "frozen": one(frozen_likes)}}
+
+
+def test_cohort_runs_make_each_cohort_a_column_with_its_share_of_the_likes():
+    runs = {"trained": {s: [_cohort_record(e, 10 + 5 * e + s, 10) for e in range(1, 7)]
+                        for s in range(3)}}
+    by_cohort = study.cohort_runs(runs)
+    assert set(by_cohort) == {"trained", "frozen"} and set(by_cohort["trained"]) == {0, 1, 2}
+    share = [r["likes_share"] for r in by_cohort["trained"][0]]
+    np.testing.assert_allclose(share, [(15 + 5 * i) / (25 + 5 * i) for i in range(6)])
+    res = study.analyze(by_cohort, control="frozen", metrics=study.COHORT_METRICS)
+    assert res["control"] == "frozen" and "trained" in res["comparisons"]
+    assert res["stats"]["trained"]["likes_share"]["change"]["mean"] > 0
+    assert res["stats"]["frozen"]["total_likes"]["change"]["mean"] == 0
+    assert "| share of likes |" in study.markdown(res)
+    # several arms: "arm/cohort" columns; a run without cohorts is refused by name
+    two = study.cohort_runs({"a": runs["trained"], "b": runs["trained"]})
+    assert set(two) == {"a/trained", "a/frozen", "b/trained", "b/frozen"}
+    with pytest.raises(ValueError, match="no per-cohort metrics"):
+        study.cohort_runs({"x": {0: [record(1, 10, 4)]}})

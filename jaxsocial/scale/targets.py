@@ -17,6 +17,7 @@ Several processes compiling for TPU topologies at once need `ALLOW_MULTIPLE_LIBT
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Sequence, Tuple
 
 import jax
@@ -93,6 +94,9 @@ def _tpu(chip: str, topology: str) -> Target:
     if chip not in TPU_HBM:
         raise ValueError(f"target 'tpu:{chip}:{topology}': unknown TPU chip {chip!r}; choose "
                          f"one of {', '.join(sorted(TPU_HBM))}")
+    # A deviceless compile owns no chip: it need not take libtpu's one-process lock (held by
+    # any other process that loaded libtpu, e.g. a JAX program started without this package).
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         import libtpu  # noqa: F401 -- the compiler the topology needs
     except ImportError:

@@ -101,6 +101,20 @@ def summary_markdown(summary: Mapping[str, Any], title: str = "Social-RL run") -
     lines += [f"| metric | epoch {e0} | epoch {e1} |", "|---|---:|---:|"]
     for key, name, fmt in _TABLE:
         lines.append(f"| {name} | {_fmt(fmt, first.get(key))} | {_fmt(fmt, last.get(key))} |")
+    c0, c1 = first.get("cohorts") or {}, last.get("cohorts") or {}
+    if c0 or c1:  # agents.cohorts: the same table per cohort, and who likes whom
+        lines += ["", "## Cohorts", "", f"| cohort | metric | epoch {e0} | epoch {e1} |",
+                  "|---|---|---:|---:|"]
+        for name in c1 or c0:
+            a, b = c0.get(name) or {}, c1.get(name) or {}
+            for key, label, fmt in _TABLE + (("total_likes", "total likes", "{:d}"),):
+                if key in a or key in b:
+                    lines.append(f"| {name} | {label} | {_fmt(fmt, a.get(key))} | "
+                                 f"{_fmt(fmt, b.get(key))} |")
+            given = b.get("likes_given") or {}
+            if given:
+                lines.append(f"| {name} | likes given (epoch {e1}) | | " + ", ".join(
+                    f"{k} {v}" for k, v in given.items()) + " |")
     d0, d1 = first.get("drift") or {}, last.get("drift") or {}
     if d0 or d1:
         lines += ["", "## Text drift (reward-hacking indicators)", "",
