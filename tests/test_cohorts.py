@@ -322,3 +322,33 @@ def test_cohort_epoch_on_eight_devices_equals_one():
     assert mismatches(t1, t8, **DEVICE_TOL) == []
     assert mismatches(t1, perturbed(t8), **DEVICE_TOL)  # negative control
     assert mismatches(t1, init8, **DEVICE_TOL)
+
+
+def test_copy_from_takes_the_source_adapter_after_the_epoch():
+    c = _config((dict(TWO[0]), dict(TWO[1], copy_from="likes")))
+    run = run_lib.build_run(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    state, m, _ = run.run_epoch(run.init_state())
+    assert m["cohorts"]["comments"]["copied_from"] == "likes"
+    assert "copied_from" not in m["cohorts"]["likes"]
+    parts = trained_parts(state.train)
+    take = lambda t, k: jax.tree.map(lambda x: x[k], t)  # noqa: E731
+    for part in ("params", "mu", "nu"):
+        assert mismatches(take(parts[part], 0), take(parts[part], 1)) == [], part
+    # the copy is of a trained adapter (not the untouched init), and the step counters stay
+    assert mismatches(take(parts["params"], 0),
+                      take(trained_parts(run.init_state().train)["params"], 0))
+
+
+def test_copies_from_the_best_and_refusals():
+    co = cohorts_lib.from_config(_config((dict(TWO[0], copy_from="best", copy_every=2),
+                                          dict(TWO[1], copy_from="best"))))
+    rewards = {"likes": 1.0, "comments": 2.0}
+    assert cohorts_lib.copies(co, 1, rewards) == {}  # likes copies every 2nd epoch;
+    assert cohorts_lib.copies(co, 2, rewards) == {"likes": "comments"}  # comments is best
+    assert cohorts_lib.copies(co, 2, {"likes": 3.0, "comments": 2.0}) == {"comments": "likes"}
+    for bad, msg in ((dict(copy_from="nobody"), "must be 'best'"),
+                     (dict(copy_from="best", copy_every=0), "copy_every=0"),
+                     (dict(copy_from="best", trainable=False), "only a trainable cohort")):
+        cfg = _config((dict(TWO[0], trainable=True), dict(TWO[1], **bad)))
+        with pytest.raises(ValueError, match=msg):
+            cohorts_lib.from_config(cfg)

@@ -30,7 +30,8 @@ from jaxsocial.rl import optim
 from jaxsocial.rl.state import TrainState
 
 REWARD_KEYS = ("like", "repost", "comment", "new_followers")
-COHORT_KEYS = ("name", "share", "ids", "trainable", "reward", "personas")
+COHORT_KEYS = ("name", "share", "ids", "trainable", "reward", "personas", "copy_from",
+               "copy_every")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -44,6 +45,8 @@ class Cohorts:
     reward: np.ndarray                # [C, 4] float32: like, repost, comment, new_followers
     personas: Tuple[Tuple[str, ...], ...]  # per cohort: its personas (() = agents.personas)
     agent_cohort: np.ndarray          # [A] int32
+    copy_from: Tuple[str, ...] = ()   # per cohort: "" (never), "best" or a cohort's name
+    copy_every: Tuple[int, ...] = ()  # per cohort: copy after every N-th epoch
 
     @property
     def num(self) -> int:
@@ -178,6 +181,20 @@ def from_config(config) -> Optional[Cohorts]:
         if g and next(iter(trained_active)) % g:
             raise _problem(f"rl.group_size={g} must divide each trainable cohort's agents "
                            f"acting per tick ({next(iter(trained_active))})")
+    copy_from = tuple(str(e.get("copy_from", "") or "") for e in entries)
+    copy_every = tuple(int(e.get("copy_every", 1)) for e in entries)
+    for name, t, src, every in zip(names, trainable, copy_from, copy_every):
+        if not src:
+            continue
+        if not t:
+            raise _problem(f"cohort {name!r} is frozen: only a trainable cohort can copy "
+                           f"(copy_from={src!r})")
+        if src != "best" and (src not in names or not trainable[names.index(src)]
+                              or src == name):
+            raise _problem(f"cohort {name!r}: copy_from={src!r} must be 'best' or another "
+                           f"trainable cohort's name")
+        if every < 1:
+            raise _problem(f"cohort {name!r}: copy_every={every} must be >= 1")
     r = config.reward
     reward = np.asarray([[float(dict(e.get("reward", {}) or {}).get(k, r[k]))
                           for k in REWARD_KEYS] for e in entries], np.float32)
@@ -187,7 +204,7 @@ def from_config(config) -> Optional[Cohorts]:
     return Cohorts(names=names, trainable=trainable, members=tuple(members),
                    active=tuple(acting), reward=reward,
                    personas=tuple(tuple(e.get("personas", ()) or ()) for e in entries),
-                   agent_cohort=agent_cohort)
+                   agent_cohort=agent_cohort, copy_from=copy_from, copy_every=copy_every)
 
 
 def personas(cohorts: Optional[Cohorts], base: Sequence[str]) -> Tuple[str, ...]:
@@ -254,6 +271,42 @@ def map_cohorts(fn: Callable, train: TrainState, xs) -> Tuple[TrainState, Any]:
 
     new, out = jax.lax.map(one, (train.replace(ref_params=None), xs))
     return new.replace(ref_params=ref), out
+
+
+def copies(cohorts: Cohorts, epoch: int, reward: dict) -> dict:
+    """{copying cohort: source cohort} after `epoch` (1-based): each trainable cohort with
+    `copy_from` whose `copy_every` divides the epoch takes the named cohort's adapter, or with
+    "best" the trainable cohort with the highest mean reward this epoch (`reward`: {name:
+    reward_mean}; ties: the first in order), unless that is itself. The tournament paper's
+    "observe", as an operation on adapters."""
+    out = {}
+    trained = [cohorts.names[c] for c in cohorts.trained]
+    best = max(trained, key=lambda n: (float(reward[n]), -trained.index(n)))
+    for c in cohorts.trained:
+        name, src = cohorts.names[c], cohorts.copy_from[c] if cohorts.copy_from else ""
+        if src and epoch % cohorts.copy_every[c] == 0:
+            src = best if src == "best" else src
+            if src != name:
+                out[name] = src
+    return out
+
+
+@jax.jit
+def _copy_slot(train: TrainState, dst, src) -> TrainState:
+    move = lambda x: x.at[dst].set(x[src])  # noqa: E731
+    return train.replace(params=jax.tree.map(move, train.params),
+                         opt_state=jax.tree.map(move, train.opt_state))
+
+
+def copy_adapters(cohorts: Cohorts, train: TrainState, moves: dict) -> TrainState:
+    """`train` with each {dst: src} cohort's adapter, value head and optimizer state (the
+    Adam moments and step count) replaced by the source cohort's; its KL and reward
+    statistics, counters and key stay its own."""
+    for dst, src in moves.items():
+        slots = cohorts.slots
+        train = _copy_slot(train, jnp.int32(slots[cohorts.names.index(dst)]),
+                           jnp.int32(slots[cohorts.names.index(src)]))
+    return train
 
 
 def cohort_params(train: TrainState, slot: int):

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from jaxsocial.train import cohorts as cohorts_lib
 from jaxsocial.train import epoch as epoch_lib
 from jaxsocial.train import host, sharding
 from jaxsocial.train import setup as setup_lib
@@ -102,6 +103,7 @@ class Run:
         view, upd = sharding.to_host((view, upd))
         metrics = host.epoch_metrics(self.setup, self.text, view, upd, wall, t_roll)
         metrics["epoch"] = int(sharding.to_host(new.epoch))
+        new = self._copy_adapters(new, metrics)
         metrics.update(host.society_metrics(self.setup, new))
         if self.setup.code:
             metrics["code_passed"] = int((bonus > 0).sum())
@@ -126,6 +128,21 @@ class Run:
         wall = time.perf_counter() - t0
         new = self.place(self.fns.end(state, key, soc, train))
         return new, upd, self.view(ro, score, eng, gap), bonus, wall, t_roll
+
+    def _copy_adapters(self, state: RunState, metrics: Dict[str, Any]) -> RunState:
+        """agents.cohorts' `copy_from`: after the epoch, a cohort takes another's adapter
+        (`cohorts.copies`, decided on the host from the epoch's per-cohort rewards, so a resumed
+        run makes the same copies); recorded as `cohorts.<name>.copied_from`."""
+        co = self.setup.cohorts
+        if co is None or not any(co.copy_from):
+            return state
+        moves = cohorts_lib.copies(co, metrics["epoch"], {
+            n: m["reward_mean"] for n, m in metrics["cohorts"].items()})
+        for dst, src in moves.items():
+            metrics["cohorts"][dst]["copied_from"] = src
+        if not moves:
+            return state
+        return self.place(state.replace(train=cohorts_lib.copy_adapters(co, state.train, moves)))
 
     def interview(self, state: RunState, question: str, max_new_tokens: int = 48
                   ) -> List[dict]:
