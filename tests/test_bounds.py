@@ -128,7 +128,8 @@ def test_shipped_configs_pass():
     (an abstract 8B: only the bytes its shapes add are compared, not the 8B's weights)."""
     for path, variant in [("configs/demo.py", None), ("configs/demo.py", "smoke"),
                           ("configs/general.py", None), ("configs/general.py", "smoke"),
-                          ("configs/code.py", "smoke")]:
+                          ("configs/code.py", "smoke"), ("configs/cohorts.py", "smoke"),
+                          ("configs/cohorts.py", "control"), ("configs/cohorts.py", "objectives")]:
         c = load_config_file(path, variant)
         c.model.require_checkpoint = False  # as aot.abstract_run builds it
         checks.check(c)
