@@ -157,7 +157,7 @@ def test_society_ticks_sharded_along_users_equal_one_device():
 @pytest.mark.parametrize("lora_rank", [0, 4])
 def test_train_state_shardings_follow_the_model_metadata_and_optax(lora_rank):
     """Adam's moments get their parameter's sharding (optax.tree_map_params), the reference
-    the model's, counters / value head / LoRA adapters are replicated."""
+    the model's, LoRA adapters their kernel's, counters / value head are replicated."""
     from jaxsocial.rl import lora as lora_lib
     from jaxsocial.rl import ppo
     from jaxsocial.scale import aot
@@ -176,8 +176,13 @@ def test_train_state_shardings_follow_the_model_metadata_and_optax(lora_rank):
     for moment in (adam.mu, adam.nu):
         for p, m in zip(jax.tree.leaves(train.params), jax.tree.leaves(moment)):
             assert m.sharding == p.sharding and m.shape == p.shape
-    policy = jax.tree.leaves(train.params["policy"])
-    if lora_rank:
-        assert all(x.sharding.spec == jax.sharding.PartitionSpec() for x in policy)
+    if lora_rank:  # A along the kernel's input axis, B along its output axis
+        q = train.params["policy"]["layers"][0]["self_attn"]["q_proj"]
+        ref_o = train.ref_params["layers"][0]["self_attn"]["o_proj"].sharding.spec
+        o = train.params["policy"]["layers"][0]["self_attn"]["o_proj"]
+        P = jax.sharding.PartitionSpec
+        assert q["a"].sharding.spec == P(ref_q[0], None) and ref_q[0] is not None
+        assert o["b"].sharding.spec == P(None, ref_o[1] if len(ref_o) > 1 else None)
+        assert q["a"].sharding.spec != P()  # control: not replicated
     else:
         assert train.params["policy"]["layers"][0]["self_attn"]["q_proj"].sharding.spec == ref_q
