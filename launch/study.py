@@ -368,13 +368,19 @@ def study_record(result, arms, runs, common, config_arg, command, epoch_seconds=
     machine, `parallel` at a time, each take longer) and the statistics."""
     by_run = {(r.arm, r.seed): r for r in runs}
     epoch_seconds = epoch_seconds or {}
-    per_run = {arm: {str(seed): dict(summary, epochs_s=epoch_seconds.get((arm, seed)),
-                                     workdir=by_run[arm, seed].workdir,
-                                     log=by_run[arm, seed].log,
-                                     train_command=shlex.join(["python", "launch/train.py",
-                                                               *by_run[arm, seed].argv]))
+
+    def run_arm(column):  # a cohort study's columns are "cohort" or "arm/cohort"
+        if column in arms:
+            return column
+        return column.split("/", 1)[0] if "/" in column else next(iter(arms))
+    per_run = {col: {str(seed): dict(summary, epochs_s=epoch_seconds.get((run_arm(col), seed)),
+                                     workdir=by_run[run_arm(col), seed].workdir,
+                                     log=by_run[run_arm(col), seed].log,
+                                     train_command=shlex.join([
+                                         "python", "launch/train.py",
+                                         *by_run[run_arm(col), seed].argv]))
                      for seed, summary in by_seed.items()}
-               for arm, by_seed in result["runs"].items()}
+               for col, by_seed in result["runs"].items()}
     return cli.json_safe({
         "command": command, "date": datetime.datetime.now().astimezone().isoformat(),
         "git": git_state(), "config": config_arg, "overrides": list(common),

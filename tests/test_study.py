@@ -601,3 +601,22 @@ def test_cohort_runs_make_each_cohort_a_column_with_its_share_of_the_likes():
     assert set(two) == {"a/trained", "a/frozen", "b/trained", "b/frozen"}
     with pytest.raises(ValueError, match="no per-cohort metrics"):
         study.cohort_runs({"x": {0: [record(1, 10, 4)]}})
+
+
+def test_write_outputs_of_a_cohort_study(launcher, tmp_path, capsys):
+    """--cohorts: the cohorts are the columns, the config's first frozen cohort the control."""
+    from ml_collections import ConfigDict
+    for seed in (0, 1):
+        write_jsonl(os.path.join(tmp_path, f"trained-seed{seed}", "metrics.jsonl"),
+                    [_cohort_record(e, 10 + 5 * e + seed, 10) for e in range(1, 4)])
+    arms = {"trained": []}
+    runs = [launcher.Run("trained", seed, str(tmp_path / f"trained-seed{seed}"), ["--x"],
+                         ConfigDict({"train": {"epochs": 3}})) for seed in (0, 1)]
+    launcher.write_outputs(str(tmp_path), arms, runs, [], "configs/cohorts.py:control", print,
+                           cohorts=True)
+    out = capsys.readouterr().out
+    assert "trained - frozen" in out and "| share of likes |" in out
+    with open(tmp_path / "study.json") as f:
+        data = json.load(f)
+    assert data["control"] == "frozen" and set(data["runs"]) == {"trained", "frozen"}
+    assert data["runs"]["frozen"]["1"]["workdir"].endswith("trained-seed1")
