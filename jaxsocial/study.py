@@ -188,6 +188,20 @@ def welch(a, b, level: float = LEVEL) -> dict:
     return out
 
 
+def paired(a: Dict[int, float], b: Dict[int, float], level: float = LEVEL) -> dict:
+    """mean over the seeds both have of a[seed] - b[seed], with the t interval of that mean and
+    the paired t-test (scipy.stats.ttest_1samp of the differences against 0): the comparison of
+    two cohorts of the same runs, which share a society per seed. {"diff", "ci", "dof", "p"};
+    NaN where it is undefined (fewer than two seeds, or no variance)."""
+    d = _finite([a[s] - b[s] for s in sorted(set(a) & set(b))])
+    m = mean_ci(d, level)
+    out = {"diff": m["mean"], "ci": m["ci"], "dof": float(len(d) - 1) if len(d) > 1 else math.nan,
+           "p": math.nan}
+    if len(d) >= 2 and d.std(ddof=1) > 0:
+        out["p"] = float(stats.ttest_1samp(d, 0.0).pvalue)
+    return out
+
+
 def arm_stats(summaries: Sequence[dict], level: float = LEVEL,
               metrics: Sequence[str] = METRICS) -> dict:
     """{metric: {"first"|"last"|"change": mean_ci over the runs}} of one arm's run summaries."""
@@ -249,20 +263,28 @@ def criteria(runs: Dict[int, dict], control: Optional[Dict[int, dict]] = None) -
 
 
 def analyze(runs: Dict[str, Dict[int, Sequence[dict]]], control: Optional[str] = CONTROL,
-            level: float = LEVEL, metrics: Sequence[str] = METRICS) -> dict:
+            level: float = LEVEL, metrics: Sequence[str] = METRICS,
+            pair_seeds: bool = False) -> dict:
     """The study of {arm: {seed: metrics records}}: per-run summaries, per-arm statistics,
-    every other arm vs the `control` arm (when it is one of the arms) and the criteria."""
+    every other arm vs the `control` arm (when it is one of the arms) and the criteria.
+    pair_seeds: compare by the per-seed differences (`paired`: the arms are cohorts of the
+    same runs), not by Welch's test of independent groups."""
     metrics = tuple(metrics)
     summaries = {arm: {s: run_summary(recs, metrics) for s, recs in sorted(by_seed.items())}
                  for arm, by_seed in runs.items()}
     control = control if control in summaries else None
     ctrl = summaries.get(control) if control else None
     result = {"arms": list(summaries), "control": control, "level": level, "metrics": metrics,
-              "runs": summaries, "stats": {}, "comparisons": {}, "criteria": {}}
+              "paired": bool(pair_seeds), "runs": summaries, "stats": {}, "comparisons": {},
+              "criteria": {}}
     for arm, by_seed in summaries.items():
         result["stats"][arm] = arm_stats(list(by_seed.values()), level, metrics)
         result["criteria"][arm] = criteria(by_seed, ctrl if arm != control else None)
-        if ctrl is not None and arm != control:
+        if ctrl is not None and arm != control and pair_seeds:
+            result["comparisons"][arm] = {
+                m: paired({s: r["change"][m] for s, r in by_seed.items()},
+                          {s: r["change"][m] for s, r in ctrl.items()}, level) for m in metrics}
+        elif ctrl is not None and arm != control:
             result["comparisons"][arm] = {
                 m: welch([r["change"][m] for r in by_seed.values()],
                          [r["change"][m] for r in ctrl.values()], level) for m in metrics}
@@ -311,7 +333,11 @@ def _design_line(result: dict) -> str:
             f"{'/'.join(map(str, epochs))} epochs; first/last = mean over the first/last "
             f"{'/'.join(map(str, thirds))} epoch(s); mean over seeds, ± = {pct} CI "
             f"(t, n-1 dof; n/a with one seed)")
-    if result["control"]:
+    if result["control"] and result.get("paired"):
+        text += (f"; arm - {result['control']}: mean over seeds of the per-seed difference of "
+                 f"the changes (the cohorts share each seed's society), {pct} CI (t, n-1 dof) "
+                 f"and paired t-test p")
+    elif result["control"]:
         text += (f"; arm - {result['control']}: difference of the mean changes, Welch {pct} CI "
                  f"and t-test p")
     return text + "."

@@ -420,7 +420,7 @@ def write_outputs(workdir, arms, runs, common, config_arg, say, parallel=None, c
     if cohorts:
         result = study.analyze(study.cohort_runs(records),
                                control=frozen_cohort(config_arg, common),
-                               metrics=study.COHORT_METRICS)
+                               metrics=study.COHORT_METRICS, pair_seeds=True)
     else:
         result = study.analyze(records, control=study.CONTROL)
     command = shlex.join(["python", *_ARGV]) if _ARGV else None

@@ -591,8 +591,21 @@ def test_cohort_runs_make_each_cohort_a_column_with_its_share_of_the_likes():
     assert set(by_cohort) == {"trained", "frozen"} and set(by_cohort["trained"]) == {0, 1, 2}
     share = [r["likes_share"] for r in by_cohort["trained"][0]]
     np.testing.assert_allclose(share, [(15 + 5 * i) / (25 + 5 * i) for i in range(6)])
-    res = study.analyze(by_cohort, control="frozen", metrics=study.COHORT_METRICS)
+    res = study.analyze(by_cohort, control="frozen", metrics=study.COHORT_METRICS,
+                        pair_seeds=True)
     assert res["control"] == "frozen" and "trained" in res["comparisons"]
+    # paired by seed: the difference of each seed's changes, its t interval and paired p
+    d = [by - bf for by, bf in zip(
+        [res["runs"]["trained"][s]["change"]["likes_share"] for s in range(3)],
+        [res["runs"]["frozen"][s]["change"]["likes_share"] for s in range(3)])]
+    cmp = res["comparisons"]["trained"]["likes_share"]
+    np.testing.assert_allclose(cmp["diff"], np.mean(d))
+    np.testing.assert_allclose(cmp["p"], stats.ttest_rel(
+        [res["runs"]["trained"][s]["change"]["likes_share"] for s in range(3)],
+        [res["runs"]["frozen"][s]["change"]["likes_share"] for s in range(3)]).pvalue)
+    welch = study.welch(*[[res["runs"][a][s]["change"]["likes_share"] for s in range(3)]
+                          for a in ("trained", "frozen")])
+    assert not np.isclose(welch["p"], cmp["p"])  # control: not the unpaired test
     assert res["stats"]["trained"]["likes_share"]["change"]["mean"] > 0
     assert res["stats"]["frozen"]["total_likes"]["change"]["mean"] == 0
     assert "| share of likes |" in study.markdown(res)
