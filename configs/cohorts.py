@@ -23,18 +23,25 @@ import os
 from jaxsocial.train import config as run_config
 
 
-def _smol(variant):
+def _smol_module():
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "smol.py")
     spec = importlib.util.spec_from_file_location("smol_config", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.get_config(variant)
+    return mod
 
 
-CONTROL = (dict(name="trained", share=0.5, trainable=True),
-           dict(name="frozen", share=0.5, trainable=False))
-OBJECTIVES = (dict(name="likes", share=0.5, reward=dict(like=1.0, comment=0.0)),
-              dict(name="comments", share=0.5, reward=dict(like=0.0, comment=1.0)))
+# Each cohort cycles configs/smol.py's four personas over its 9 agents (Ada x3, Bo, Cy, Di x2
+# each), so the cohorts differ only in their policy (or reward): the run-wide cycling would give
+# the first block of agents 2 home cooks and the second 3, in a society whose crowd likes
+# cooking.
+PERSONAS = tuple(_smol_module().PERSONAS)
+CONTROL = (dict(name="trained", share=0.5, trainable=True, personas=PERSONAS),
+           dict(name="frozen", share=0.5, trainable=False, personas=PERSONAS))
+OBJECTIVES = (dict(name="likes", share=0.5, reward=dict(like=1.0, comment=0.0),
+                   personas=PERSONAS),
+              dict(name="comments", share=0.5, reward=dict(like=0.0, comment=1.0),
+                   personas=PERSONAS))
 
 
 def get_config(arg=None):
@@ -50,7 +57,7 @@ def get_config(arg=None):
     if arg not in ("control", "objectives"):
         raise ValueError(f"unknown cohorts variant {arg!r}; use configs/cohorts.py:control, "
                          f":objectives or :smoke")
-    c = _smol("study")
+    c = _smol_module().get_config("study")
     c.name = f"cohorts_{arg}"
     c.agents.cohorts = CONTROL if arg == "control" else OBJECTIVES
     return c
