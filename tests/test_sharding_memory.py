@@ -184,5 +184,8 @@ def test_train_state_shardings_follow_the_model_metadata_and_optax(lora_rank):
         assert q["a"].sharding.spec == P(ref_q[0], None) and ref_q[0] is not None
         assert o["b"].sharding.spec == P(None, ref_o[1] if len(ref_o) > 1 else None)
         assert q["a"].sharding.spec != P()  # control: not replicated
+        # the MLP's intermediate axis, whole in W without tensor parallelism: along fsdp
+        up = train.params["policy"]["layers"][0]["mlp"]["up_proj"]
+        assert up["b"].sharding.spec == P(None, "fsdp")
     else:
         assert train.params["policy"]["layers"][0]["self_attn"]["q_proj"].sharding.spec == ref_q

@@ -311,10 +311,12 @@ def _weights(cfg: LlamaConfig, mesh_shape, *, with_reference: bool, optimizer_sl
     value_head = (h + 1) * 4
     if lora_rank:
         nd, kd = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
-        # a + b per kernel, each split along its kernel's non-rank axis
-        # (`sharding.adapter_shardings`): the hidden side along fsdp, the other along tensor.
-        per_layer = (7 * h / _div(h, f) + (2 * nd) / _div(nd, t) + (2 * kd) / _div(kd, t)
-                     + (3 * i) / _div(i, t))
+        # a + b per kernel, each split along its long axis (`sharding.adapter_shardings`): the
+        # hidden side along fsdp, the other along tensor, or along fsdp without tensor.
+        def split(n):
+            return t if t > 1 and n % t == 0 else _div(n, f)
+        per_layer = (7 * h / _div(h, f) + (2 * nd) / split(nd) + (2 * kd) / split(kd)
+                     + (3 * i) / split(i))
         trainable = int(L * lora_rank * per_layer * 4 + value_head) * max(1, int(cohorts))
         opt, reference, merged, models = optimizer_slots * trainable, 0, layers_local, 1
     else:

@@ -108,19 +108,29 @@ def train_state_shardings(train: Any, weight_shardings: Dict[str, Any], mesh: Me
 
 def adapter_shardings(adapters: Any, weight_shardings: Dict[str, Any]) -> Any:
     """LoRA adapters ({"a" [..., in, r], "b" [..., r, out]} at each adapted kernel's path)
-    sharded like their kernel W [in, out]: A along W's input axis, B along its output axis,
-    the rank and any leading axes (the cohorts' [K]) replicated. Replicated adapters and
-    their Adam moments would cost every device the whole of them: 0.5 GiB per cohort for
+    sharded along their long axis: A's `in` and B's `out` as W [in, out] shards that axis, or
+    along fsdp where W leaves it whole (e.g. the MLP's axis with no tensor parallelism) and fsdp
+    divides it; the rank and any leading axes (the cohorts' [K]) replicated. Replicated adapters
+    and their Adam moments would cost every device the whole of them: 0.5 GiB per cohort for
     Llama-3-8B at rank 16."""
+    def axis(spec_dim, size, mesh):
+        if spec_dim is not None:
+            return spec_dim
+        f = int(dict(mesh.shape).get("fsdp", 1))
+        return "fsdp" if f > 1 and size % f == 0 else None
+
     def walk(ad, ws):
         out = {}
         for k, v in ad.items():
             w = ws[k]
             if isinstance(w, NamedSharding):
                 spec = tuple(w.spec) + (None,) * (2 - len(w.spec))
-                lead = (None,) * (v["a"].ndim - 2)
-                out[k] = {"a": NamedSharding(w.mesh, P(*lead, spec[0], None)),
-                          "b": NamedSharding(w.mesh, P(*lead, None, spec[1]))}
+                a, b = v["a"], v["b"]
+                lead = (None,) * (a.ndim - 2)
+                out[k] = {"a": NamedSharding(w.mesh, P(*lead, axis(spec[0], a.shape[-2], w.mesh),
+                                                       None)),
+                          "b": NamedSharding(w.mesh, P(*lead, None,
+                                                       axis(spec[1], b.shape[-1], w.mesh)))}
             else:
                 out[k] = walk(v, w)
         return out
