@@ -26,6 +26,9 @@ from jaxsocial.train import run_log as log_lib
 
 SUMMARY_KEYS = ("avg_likes_per_post", "zero_like_share", "positive_engagement_share",
                 "total_posts", "parse_failures", "reward_mean")
+# agents.cohorts: what summary.md's per-cohort table reads of each epoch
+COHORT_SUMMARY_KEYS = ("avg_likes_per_post", "zero_like_share", "positive_engagement_share",
+                       "total_posts", "total_likes", "likes_given")
 
 
 def _read_stored_config(path: str) -> Optional[dict]:
@@ -281,7 +284,10 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
                         _append_jsonl(os.path.join(workdir, "interviews.jsonl"), answers)
             history.append({k: record[k] for k in SUMMARY_KEYS} | {"epoch": epoch}
                            | {k: record[k] for k in ("drift", "posts", "worst_post")
-                              if k in record})
+                              if k in record}
+                           | ({"cohorts": {name: {k: c[k] for k in COHORT_SUMMARY_KEYS if k in c}
+                                           for name, c in record["cohorts"].items()}}
+                              if "cohorts" in record else {}))
             done_here += 1
             if bar is not None:
                 bar.update(1)
