@@ -177,7 +177,9 @@ def test_rows_of_each_cohort():
 
 @pytest.fixture(scope="module")
 def two():
+    """Two trainable cohorts on one device, layers scanned (general.py's setting)."""
     c = _config(TWO)
+    c.model.scan_layers = True
     run = run_lib.build_run(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
     state = run.init_state()
     key, k_roll = run.fns.begin(state)
@@ -247,9 +249,16 @@ def test_each_cohort_updates_on_its_own_trajectories_only(two):
     assert mismatches(t0(new), perturbed(t0(new)), rtol=1e-5, atol=1e-6)
 
 
-def test_per_cohort_metrics(two):
-    run, state, *_ = two
-    _, m, _ = run.run_epoch(state)
+@pytest.fixture(scope="module")
+def two_epoch(two):
+    """(metrics, trained parts before, after) of `two`'s first epoch from a fresh state."""
+    from test_train_loop import _one_epoch
+    return _one_epoch(two[0])
+
+
+def test_per_cohort_metrics(two, two_epoch):
+    run = two[0]
+    m = two_epoch[0]
     co = m["cohorts"]
     assert set(co) == {"likes", "comments"}
     assert sum(c["total_posts"] for c in co.values()) == m["total_posts"]
@@ -301,18 +310,15 @@ def test_cohort_run_resumes_to_the_same_state_and_exports_each_cohort(tmp_path):
     assert "## Cohorts" not in report.summary_markdown(plain)  # control: not without cohorts
 
 
-def test_cohort_epoch_on_eight_devices_equals_one():
+def test_cohort_epoch_on_eight_devices_equals_one(two, two_epoch):
     """Adapted kernels under the (2, 2, 2) mesh's sharding hints (`gather_in_place` pins W
-    alone) and stacked by the scanned layers (general.py's setting): the same answers, rewards
-    and per-cohort updates as on one device."""
+    alone; the adapters sharded, `adapter_shardings`) and stacked by the scanned layers: the
+    same answers, rewards and per-cohort updates as on one device."""
     from test_train_loop import DEVICE_TOL, _one_epoch
 
-    c = _config(TWO)
-    c.model.scan_layers = True
-    run8 = run_lib.build_run(c, mesh=sharding.make_mesh((2, 2, 2)))
-    run1 = run_lib.build_run(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    run8 = run_lib.build_run(two[0].config, mesh=sharding.make_mesh((2, 2, 2)))
     assert run8.mesh.devices.size == 8
-    (m1, init1, t1), (m8, init8, t8) = _one_epoch(run1), _one_epoch(run8)
+    (m1, init1, t1), (m8, init8, t8) = two_epoch, _one_epoch(run8)
     for name in ("likes", "comments"):
         a, b = m1["cohorts"][name], m8["cohorts"][name]
         assert a["total_posts"] == b["total_posts"] and a["action_mix"] == b["action_mix"]
@@ -324,9 +330,12 @@ def test_cohort_epoch_on_eight_devices_equals_one():
     assert mismatches(t1, init8, **DEVICE_TOL)
 
 
-def test_copy_from_takes_the_source_adapter_after_the_epoch():
-    c = _config((dict(TWO[0]), dict(TWO[1], copy_from="likes")))
-    run = run_lib.build_run(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+def test_copy_from_takes_the_source_adapter_after_the_epoch(two):
+    import dataclasses
+
+    # `two`'s run and programs (copy_from changes no program) with "comments" copying "likes"
+    co = dataclasses.replace(two[0].setup.cohorts, copy_from=("", "likes"), copy_every=(1, 1))
+    run = dataclasses.replace(two[0], setup=dataclasses.replace(two[0].setup, cohorts=co))
     state, m, _ = run.run_epoch(run.init_state())
     assert m["cohorts"]["comments"]["copied_from"] == "likes"
     assert "copied_from" not in m["cohorts"]["likes"]
