@@ -33,12 +33,14 @@ from scipy import stats
 # that did nothing.
 METRICS = ("avg_likes_per_post", "zero_like_share", "positive_engagement_share", "total_posts",
            "total_likes", "crowd_interest_sim", "do_nothing_share")
-# A cohort study's table (`cohort_runs`) adds each cohort's share of all the cohorts' likes.
-COHORT_METRICS = METRICS + ("likes_share",)
+# A cohort study's table (`cohort_runs`) adds each cohort's share of all the cohorts' likes,
+# how far its posts' topics are from the other cohorts' and its posts' length.
+COHORT_METRICS = METRICS + ("likes_share", "topic_distance", "post_words")
 LABELS = {"avg_likes_per_post": "likes/post", "zero_like_share": "zero-like share",
           "positive_engagement_share": "engaged share", "total_posts": "posts",
           "total_likes": "total likes", "crowd_interest_sim": "crowd interest sim",
-          "do_nothing_share": "do_nothing share", "likes_share": "share of likes"}
+          "do_nothing_share": "do_nothing share", "likes_share": "share of likes",
+          "topic_distance": "topic distance to the others", "post_words": "words per post"}
 LEVEL = 0.95
 POSTS_KEPT = 0.8  # learning criterion: last-third posts >= 80% of the first third's
 CONTROL = "control"
@@ -107,9 +109,11 @@ def epoch_values(record: dict, metrics: Sequence[str] = METRICS) -> Dict[str, fl
 def cohort_runs(runs: Dict[str, Dict[int, Sequence[dict]]]) -> Dict[str, Dict[int, List[dict]]]:
     """A cohort study (`agents.cohorts`): {arm: {seed: records}} -> {cohort: {seed: records}}
     ("arm/cohort" when there are several arms), each record the cohort's own metrics
-    (`train.host.cohort_metrics`) with its `likes_share`, its total likes over all cohorts'
-    (NaN in an epoch without likes). Analyse with `metrics=COHORT_METRICS`; the cohorts of one
-    run share a society, so a comparison between them (Welch) is a conservative one."""
+    (`train.host.cohort_metrics`) with `likes_share`, its total likes over all cohorts' (NaN in
+    an epoch without likes); `topic_distance`, the total variation distance between its posts'
+    topic shares and the other cohorts' posts' pooled (by posts); and `post_words`, its posts'
+    mean length (`drift.mean_post_words`). Analyse with `metrics=COHORT_METRICS` and
+    `pair_seeds=True`: the cohorts of one run share a society."""
     out: Dict[str, Dict[int, List[dict]]] = {}
     for arm, by_seed in runs.items():
         for seed, records in by_seed.items():
@@ -122,9 +126,30 @@ def cohort_runs(runs: Dict[str, Dict[int, Sequence[dict]]]) -> Dict[str, Dict[in
                 for name, c in cohorts.items():
                     key = name if len(runs) == 1 else f"{arm}/{name}"
                     rec = dict(c, likes_share=(float(c.get("total_likes", 0)) / total
-                                               if total > 0 else math.nan))
+                                               if total > 0 else math.nan),
+                               topic_distance=_topic_distance(name, cohorts),
+                               post_words=_num((c.get("drift") or {}).get("mean_post_words")))
                     out.setdefault(key, {}).setdefault(seed, []).append(rec)
     return out
+
+
+def _topic_distance(name: str, cohorts: Dict[str, dict]) -> float:
+    """Total variation distance between cohort `name`'s topic shares and the other cohorts'
+    pooled by their posts (NaN when either side has no posts)."""
+    def shares(cs):
+        total: Dict[str, float] = {}
+        n = 0.0
+        for c in cs:
+            posts = float(c.get("total_posts", 0) or 0)
+            for topic, share in (c.get("topic_share") or {}).items():
+                total[topic] = total.get(topic, 0.0) + posts * float(share)
+            n += posts
+        return {t: v / n for t, v in total.items()} if n > 0 else None
+    mine = shares([cohorts[name]])
+    rest = shares([c for k, c in cohorts.items() if k != name])
+    if not mine or not rest:
+        return math.nan
+    return 0.5 * sum(abs(mine.get(t, 0.0) - rest.get(t, 0.0)) for t in set(mine) | set(rest))
 
 
 def third(n_epochs: int) -> int:

@@ -580,8 +580,12 @@ def _cohort_record(epoch, trained_likes, frozen_likes, posts=4):
         return {"avg_likes_per_post": likes / posts, "total_posts": posts, "total_likes": likes,
                 "zero_like_share": 0.0, "positive_engagement_share": 1.0,
                 "crowd_interest_sim": 0.1, "action_mix": {"create_post": posts}}
-    return {"epoch": epoch, "cohorts": {"trained": one(trained_likes),
-                                        "frozen": one(frozen_likes)}}
+    rec = {"epoch": epoch, "cohorts": {"trained": one(trained_likes),
+                                       "frozen": one(frozen_likes)}}
+    rec["cohorts"]["trained"].update(topic_share={"cooking": 0.75, "books": 0.25},
+                                     drift={"mean_post_words": 7.0 + epoch})
+    rec["cohorts"]["frozen"].update(topic_share={"cooking": 0.25, "tech": 0.75})
+    return rec
 
 
 def test_cohort_runs_make_each_cohort_a_column_with_its_share_of_the_likes():
@@ -609,6 +613,11 @@ def test_cohort_runs_make_each_cohort_a_column_with_its_share_of_the_likes():
     assert res["stats"]["trained"]["likes_share"]["change"]["mean"] > 0
     assert res["stats"]["frozen"]["total_likes"]["change"]["mean"] == 0
     assert "| share of likes |" in study.markdown(res)
+    # topic distance: TV between the cohorts' topic shares; words per post from the drift
+    rec = by_cohort["trained"][0][0]
+    np.testing.assert_allclose(rec["topic_distance"], 0.5 * (0.5 + 0.25 + 0.75))
+    assert rec["topic_distance"] == by_cohort["frozen"][0][0]["topic_distance"]
+    assert rec["post_words"] == 8.0 and math.isnan(by_cohort["frozen"][0][0]["post_words"])
     # several arms: "arm/cohort" columns; a run without cohorts is refused by name
     two = study.cohort_runs({"a": runs["trained"], "b": runs["trained"]})
     assert set(two) == {"a/trained", "a/frozen", "b/trained", "b/frozen"}
