@@ -69,7 +69,7 @@ _ARMS = flags.DEFINE_multi_string("arm", [], "NAME:key=value[,key=value...]: an 
 _PARALLEL = flags.DEFINE_integer("parallel", 2, "Runs at a time.")
 _COHORTS = flags.DEFINE_bool("cohorts", False, "A study of a config with agents.cohorts: each "
                              "cohort is a column of the table (with its share of the likes), "
-                             "compared with the first frozen cohort.")
+                             "compared with the first frozen cohort (or the last cohort).")
 _RECORD = flags.DEFINE_string("record", "", "NAME: also write study.json as a benchmark result, "
                               "benchmarks/results/NAME-<UTC>.json (command, commit, date, "
                               "machine; benchmarks/results/README.md), so docs can quote it.")
@@ -401,11 +401,13 @@ def _epoch_seconds(records) -> Optional[float]:
 
 
 def frozen_cohort(config_arg, common) -> Optional[str]:
-    """The first frozen cohort of the config's agents.cohorts (a cohort study's control)."""
-    for cohort in load_config(config_arg, common).agents.get("cohorts", ()) or ():
-        if not dict(cohort).get("trainable", True):
-            return str(dict(cohort)["name"])
-    return None
+    """A cohort study's base of comparison: the config's first frozen cohort, or without one its
+    last cohort (e.g. `likes - comments`)."""
+    cohorts = [dict(c) for c in load_config(config_arg, common).agents.get("cohorts", ()) or ()]
+    for cohort in cohorts:
+        if not cohort.get("trainable", True):
+            return str(cohort["name"])
+    return str(cohorts[-1]["name"]) if cohorts else None
 
 
 def write_outputs(workdir, arms, runs, common, config_arg, say, parallel=None, cohorts=False):
