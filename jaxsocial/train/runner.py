@@ -365,7 +365,8 @@ def _export_atomic(run, state, path: str, lead: bool, initial: bool,
         for p in (partial, old):
             shutil.rmtree(p, ignore_errors=True)
         os.makedirs(os.path.dirname(partial), exist_ok=True)
-    run.export_policy(state, partial, write=lead, initial=initial, cohort=cohort)
+    cohort_kw = {} if cohort is None else {"cohort": cohort}  # (cohorts: export/<cohort>/)
+    run.export_policy(state, partial, write=lead, initial=initial, **cohort_kw)
     if not lead:
         return
     problem = checkpoint_hf.export_problem(partial)
