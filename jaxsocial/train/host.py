@@ -155,9 +155,9 @@ def cohort_metrics(setup: Setup, text: Text, v: EpochView, upd, kept, idx, texts
                             for k in np.unique(types[mine])},
              "likes_given": given}
         m.update(topic_metrics(setup, text, emb[sel]))
-        m.update({k: x for k, x in _text_metrics(
-            setup, text, v, kept, idx[sel], eng, [t for t, s_ in zip(texts, sel) if s_],
-            emb=emb[sel]).items() if k in ("persona_sim", "drift")})
+        mine = [t for t, s_ in zip(texts, sel) if s_]
+        m.update(_text_metrics(setup, text, v, kept, idx[sel], eng, mine, emb=emb[sel],
+                               top_posts=False))
         if co.trainable[c]:
             slot = co.slots[c]
             m["ppo"] = {k: float(np.asarray(x).reshape(-1)[slot]) for k, x in upd.items()}
@@ -182,10 +182,11 @@ def _post_texts(setup: Setup, v: EpochView, kept, idx) -> List[str]:
 
 
 def _text_metrics(setup: Setup, text: Text, v: EpochView, kept, idx, eng, texts,
-                  emb: Optional[np.ndarray] = None) -> Dict[str, Any]:
+                  emb: Optional[np.ndarray] = None, top_posts: bool = True) -> Dict[str, Any]:
     """The text metrics of the epoch's first posts (`texts`, at flat rows `idx`): persona
     similarity, text drift and the 3 most-liked posts (ties: earliest first) for summary.md.
-    emb: their embeddings (default: the view's kept ones)."""
+    emb: their embeddings (default: the view's kept ones); top_posts=False: persona similarity and
+    drift only."""
     m: Dict[str, Any] = {}
     authors = [int(a) for a in np.asarray(v.agent).reshape(-1)[idx]]
     post_likes = eng[..., 0].reshape(-1)[idx]
@@ -197,6 +198,8 @@ def _text_metrics(setup: Setup, text: Text, v: EpochView, kept, idx, eng, texts,
     m["persona_sim"] = (float(np.mean(np.sum(emb * persona[authors], axis=-1)))
                         if len(authors) else 0.0)
     m["drift"] = report.text_drift(texts, authors)
+    if not top_posts:
+        return m
     top = sorted(range(len(texts)), key=lambda i: (-float(post_likes[i]), i))[:3]
     m["posts"] = [{"text": texts[i], "likes": int(post_likes[i]), "agent": authors[i]}
                   for i in top]
