@@ -136,7 +136,7 @@ TWO = (dict(name="likes", share=0.5, reward=dict(like=1.0)),
      "exactly one cohort"),
     ((dict(name="a", ids=(0, 1, 2, 3)), dict(name="b", share=0.5)), 4, "not a mix"),
     ((dict(name="a", share=1.0, colour="red"),), 4, "unknown keys ['colour']"),
-    ((dict(name="a", share=1.0, reward=dict(dislike=1.0)),), 4, "unknown keys ['dislike']"),
+    ((dict(name="a", share=1.0, reward=dict(dislikes=1.0)),), 4, "unknown keys ['dislikes']"),
     ((dict(name="a", share=0.5), dict(name="a", share=0.5)), 4, "distinct"),
     ((dict(name="a", share=0.5, trainable=False), dict(name="b", share=0.5, trainable=False)),
      4, "no cohort is trainable"),
@@ -165,6 +165,23 @@ def test_uneven_activity_is_refused_and_personas_are_per_cohort():
     assert p[:2] == ("p0", "p1") and set(p[2:]) == {"You are Zed, a baker."}
 
 
+def test_reports_and_dislikes_are_recorded_only_where_a_reward_weighs_them():
+    from jaxsocial.train import config as run_config
+    c = _config(())
+    assert run_config.engagement_channels(c) == 3  # the default record: unchanged
+    assert run_config.society_fields(c)["engagement_channels"] == 3
+    c.reward.report = -1.0
+    assert run_config.engagement_channels(c) == 5
+    c = _config((dict(name="a", share=0.5), dict(name="b", share=0.5, reward=dict(dislike=-2))))
+    assert run_config.engagement_channels(c) == 5
+    co = cohorts_lib.from_config(c)
+    col = cohorts_lib.REWARD_KEYS.index
+    assert co.reward[1, col("dislike")] == -2 and co.reward[0, col("dislike")] == 0
+    assert co.reward[1, col("like")] == c.reward.like  # unset keys: the run's reward.*
+    c.agents.cohorts = ("not a cohort",)  # malformed: the config check names it, not this
+    assert run_config.engagement_channels(c) == 3
+
+
 def test_rows_of_each_cohort():
     co = cohorts_lib.from_config(_config(TWO))
     np.testing.assert_array_equal(co.rows(2), [[0, 1, 2, 3, 8, 9, 10, 11],
@@ -175,10 +192,9 @@ def test_rows_of_each_cohort():
 # the epoch
 
 
-@pytest.fixture(scope="module")
-def two():
-    """Two trainable cohorts on one device, layers scanned (general.py's setting)."""
-    c = _config(TWO)
+def _rolled(c):
+    """(run, state, Rollout, Trajectory, score, engagement) of one rollout of config `c`, layers
+    scanned (general.py's setting), on one device."""
     c.model.scan_layers = True
     run = run_lib.build_run(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
     state = run.init_state()
@@ -189,8 +205,24 @@ def two():
     return run, state, ro, batch, score, eng
 
 
-def test_each_cohort_scores_its_own_rows_by_its_own_weights(two):
-    run, state, ro, batch, score, eng = two
+@pytest.fixture(scope="module")
+def two():
+    """Two trainable cohorts: one rewarded for likes, one for comments."""
+    return _rolled(_config(TWO))
+
+
+@pytest.fixture(scope="module")
+def dislikes():
+    """`two` with the comments cohort rewarded for comments minus dislikes (five channels
+    recorded), in a crowd that dislikes often enough to matter."""
+    c = _config((TWO[0], dict(TWO[1], reward=dict(like=0.0, comment=1.0, dislike=-1.0))))
+    c.society.dislike_bias = 0.0
+    return _rolled(c)
+
+
+@pytest.mark.parametrize("fixture,channels", [("two", 3), ("dislikes", 5)])
+def test_each_cohort_scores_its_own_rows_by_its_own_weights(fixture, channels, request):
+    run, state, ro, batch, score, eng = request.getfixturevalue(fixture)
     co = run.setup.cohorts
     t = ro.agent.shape[0]
     rows = co.rows(t)
@@ -201,12 +233,17 @@ def test_each_cohort_scores_its_own_rows_by_its_own_weights(two):
         np.testing.assert_array_equal(np.asarray(batch.response_tokens[k]),
                                       np.asarray(ro.tokens).reshape(t * len(agents) // t, -1)
                                       [rows[k]])
-    # The demo's reward: posts by their cohort's weights; non-posts the cohort's mean post score
-    e = np.asarray(eng).reshape(-1, 3)
+    # The demo's reward: posts by their cohort's weights (likes; comments, or comments minus
+    # dislikes: five channels recorded); non-posts the cohort's mean post score
+    assert run.setup.social_params.engagement_channels == channels
+    e = np.asarray(eng).reshape(-1, channels)
     made = np.asarray(ro.created_id).reshape(-1) >= 0
-    w = co.reward[co.row_cohort][np.tile(np.arange(len(co.row_cohort)), t)][:, :3]
+    w = co.reward[co.row_cohort][np.tile(np.arange(len(co.row_cohort)), t)][:, :channels]
     s = np.asarray(score).reshape(-1)
     np.testing.assert_allclose(s[made], np.sum(e * w, -1)[made], rtol=1e-6)
+    if channels == 5:  # negative control: the dislikes count (leaving them out disagrees)
+        assert e[:, 4].sum() > 0
+        assert not np.allclose(s[made], np.sum(e[:, :3] * w[:, :3], -1)[made])
     cohort = co.agent_cohort[agents]
     for c in range(co.num):
         mine = cohort == c

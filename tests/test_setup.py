@@ -77,3 +77,35 @@ def test_init_weights_refuses_a_set_up_for_another_model(tmp_path):
         setup_lib.init_weights(c, setup)
     # control: the set-up of that checkpoint loads it
     setup_lib.init_weights(c, setup_lib.build_setup(c, one_device()))
+
+
+@pytest.mark.parametrize("dislike", [0.0, -1.0])
+def test_single_policy_reward_weighs_dislikes_where_set(dislike):
+    """reward.dislike (and report) enter the single policy's score through five recorded
+    channels; at 0 the record and the score stay the three-channel ones."""
+    import types
+
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxsocial.train import epoch as epoch_lib
+
+    c = smoke()
+    c.reward.dislike = dislike
+    setup = setup_lib.build_setup(c, one_device())
+    e = setup.social_params.engagement_channels
+    assert e == (5 if dislike else 3)
+    social_reward = epoch_lib.make_scoring(setup)[0]
+    # 2 ticks x 2 rows; posts 0 and 1 in slots 0, 1 of a 2-slot ring, row 1 of tick 1 no post
+    deltas = np.zeros((2, 2, e), np.int32)
+    deltas[0, 0, 0], deltas[1, 1, 0], deltas[1, 1, e - 1] = 2, 3, 4  # likes; the last: dislikes
+    ro = types.SimpleNamespace(
+        created_id=jnp.array([[0, 1], [-1, -1]]), tick=jnp.array([0, 1]),
+        deltas=jnp.asarray(deltas), slot_ids=jnp.array([[0, 1], [0, 1]]),
+        agent=jnp.array([[0, 1], [0, 1]]), follower_delta=jnp.zeros((2, 8), jnp.int32))
+    score, eng = social_reward(ro)
+    assert eng.shape == (2, 2, e)
+    likes, dislikes = np.array([2.0, 3.0]), np.array([0.0, 4.0 if e == 5 else 0.0])
+    np.testing.assert_allclose(np.asarray(score)[0], likes + dislike * dislikes)
+    if dislike:  # negative control: the dislikes moved the score
+        assert not np.allclose(np.asarray(score)[0], likes)

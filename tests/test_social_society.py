@@ -174,6 +174,37 @@ def test_step_reports_engagement_followers_and_crowd_posts(run):
     assert any((raw[s] != _counters(last.posts)[s]).any() for s in s0)
 
 
+def test_five_channels_add_reports_and_dislikes_and_keep_the_first_three(run):
+    """engagement_channels=5: channels 3, 4 are the reports and dislikes each post drew (the
+    counters' change), and channels 0-2 equal the 3-channel record of the same run."""
+    params = PARAMS.replace(engagement_channels=5, dislike_bias=0.0)
+    three = PARAMS.replace(dislike_bias=0.0)
+    step5 = jax.jit(functools.partial(society.step, params=params))
+    step3 = jax.jit(functools.partial(society.step, params=three))
+    s5 = s3 = society.reset(jax.random.key(0), params)
+    prev, infos, states = 0, [], [s5]
+    for t in range(TICKS):
+        acts = make_actions(params, [T.CREATE_POST, T.REPORT_POST, T.DISLIKE_POST, T.MALFORMED],
+                            [0, 1, 2, 3], [-1, prev, prev, -1],
+                            content=np.full((4, 4), t + 1), embedding=np.ones((4, 8)))
+        s5, i5 = step5(jax.random.key(100 + t), s5, acts)
+        s3, i3 = step3(jax.random.key(100 + t), s3, acts)
+        assert i5.engagement_delta.shape == (params.post_capacity, 5)
+        np.testing.assert_array_equal(i5.engagement_delta[:, :3], i3.engagement_delta)
+        prev = int(i5.agent.created_id[0])
+        infos.append(i5)
+        states.append(jax.device_get(s5))
+    first, last = states[1], states[-1]
+    same = (first.posts.id == last.posts.id) & (first.posts.id >= 0)
+    total = sum(np.asarray(i.engagement_delta) for i in infos[1:])
+    neg = lambda p: np.stack([p.reports, p.dislikes], -1)  # noqa: E731
+    change = neg(last.posts) - neg(first.posts)
+    np.testing.assert_array_equal(total[same][:, 3:], change[same])
+    assert change[same][:, 0].sum() > 0 and change[same][:, 1].sum() > 0  # both were drawn
+    with pytest.raises(ValueError, match="engagement_channels"):
+        society.make_params(engagement_channels=4)
+
+
 def test_agent_actions_in_step_and_horizon_reward(run):
     states, infos = run
     h = PARAMS.reward_horizon

@@ -46,14 +46,15 @@ class StepInfo:
     (0 for a slot overwritten this tick), so that likes within a horizon can be summed even after
     a post is evicted: reward(id) = sum over ticks t in [created, created + H) of
     like_delta_t[id % P] (the slot still holds `id` during those ticks unless evicted).
-    `engagement_delta` is the same bookkeeping for likes, reposts and comments, and
+    `engagement_delta` is the same bookkeeping for likes, reposts and comments (and, with
+    `params.engagement_channels=5`, reports and dislikes), and
     `follower_delta` / `crowd_posts` what the training loop's rewards and metrics read."""
     agent: ApplyInfo
     crowd: CrowdInfo
     like_delta: jax.Array  # [P] int32
     tick: jax.Array  # [] int32 the tick this step simulated (state.tick before the step)
-    # [P, 3] int32 (likes, reposts, comments) gained this tick by the post now in each slot
-    # (a post new in its slot counts from 0)
+    # [P, E] int32 (likes, reposts, comments[, reports, dislikes]) gained this tick by the post
+    # now in each slot (a post new in its slot counts from 0); E = params.engagement_channels
     engagement_delta: jax.Array
     follower_delta: jax.Array  # [A] int32 followers gained by each LLM agent (A = num_agents)
     crowd_posts: jax.Array  # [] int32 posts the crowd created this tick
@@ -205,18 +206,22 @@ def step(key: jax.Array, state: SocialState, actions: ActionBatch | None, params
     young = (posts.id >= 0) & (tick - posts.created_at < params.reward_horizon)
     posts = posts.replace(likes_h=jnp.where(young, posts.likes, posts.likes_h))
     state = state.replace(posts=posts, tick=tick + 1)
-    record = _engagement_record(before, state, params.num_agents)
+    record = _engagement_record(before, state, params)
     return state, StepInfo(agent=agent, crowd=crowd, like_delta=record["engagement_delta"][:, 0],
                            tick=tick, **record)
 
 
-def _engagement_record(before: SocialState, after: SocialState, num_agents: int) -> dict:
-    """StepInfo's engagement_delta [P, 3], follower_delta [A] and crowd_posts [] from the
+def _engagement_record(before: SocialState, after: SocialState, params: SocialParams) -> dict:
+    """StepInfo's engagement_delta [P, E], follower_delta [A] and crowd_posts [] from the
     states before and after a tick."""
-    counters = lambda p: jnp.stack([p.likes, p.reposts, p.comments], axis=-1)  # noqa: E731
+    def counters(p):
+        kept = [p.likes, p.reposts, p.comments]
+        if params.engagement_channels == 5:
+            kept += [p.reports, p.dislikes]
+        return jnp.stack(kept, axis=-1)
     new = after.posts.id != before.posts.id
     delta = counters(after.posts) - jnp.where(new[:, None], 0, counters(before.posts))
-    a = num_agents
+    a = params.num_agents
     return dict(
         engagement_delta=delta,
         follower_delta=after.users.num_followers[:a] - before.users.num_followers[:a],

@@ -71,6 +71,9 @@ class SocialParams:
     start_seconds: int = _static(1_700_000_000)  # wall clock of tick 0 (reddit hot uses seconds)
     seconds_per_tick: int = _static(3600)
     reward_horizon: int = _static(8)  # H: posts.likes_h freezes the likes of a post at age H
+    # StepInfo.engagement_delta's channels: 3 = (likes, reposts, comments); 5 adds (reports,
+    # dislikes), for rewards that weigh them (a training run sets it from its reward weights)
+    engagement_channels: int = _static(3)
     # --- memory
     reaction_memory: int = _static(64)  # R
     seen_memory: int = _static(32)  # S
@@ -154,6 +157,7 @@ class SocialParams:
             ("pool_random", self.pool_random, self.pool_random >= 0),
         ("overfetch", self.overfetch, self.overfetch >= 0),
         ("reward_horizon", self.reward_horizon, self.reward_horizon >= 1),
+        ("engagement_channels", self.engagement_channels, self.engagement_channels in (3, 5)),
         ("in_network", self.in_network, 0 <= self.in_network <= self.max_following),
             ("recsys", self.recsys, self.recsys in RECSYS_NAMES),
             ("twhin_candidates", self.twhin_candidates, self.twhin_candidates >= 1),

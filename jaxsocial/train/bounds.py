@@ -267,8 +267,7 @@ def need(config, sh: Shapes, cfg, mesh_shape, rl) -> Need:
 
     c = config
     rows = sh.ticks * sh.active
-    sp = society.make_params(**run_config.society_fields(c), num_agents=sh.num_agents,
-                             reward_horizon=int(_get(c, "reward.horizon", 1)))
+    sp = society.make_params(**run_config.society_fields(c), num_agents=sh.num_agents)
     sp = sp.replace(num_users=sh.num_users, post_capacity=sh.post_capacity,
                     content_len=sh.content_len, feed_size=sh.feed_size,
                     num_agents=sh.num_agents)

@@ -140,8 +140,7 @@ def check(config: ml_collections.ConfigDict, machine: bool = True) -> None:
             problems.append(str(e))
     if not problems and "society" in config:
         try:
-            sp = society.make_params(**run_config.society_fields(config), num_agents=int(agents),
-                                     reward_horizon=int(num("reward.horizon", 1)))
+            sp = society.make_params(**run_config.society_fields(config), num_agents=int(agents))
         except (ValueError, TypeError) as e:
             problems.append(f"society: {e}")
         else:

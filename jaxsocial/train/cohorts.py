@@ -29,7 +29,8 @@ import numpy as np
 from jaxsocial.rl import optim
 from jaxsocial.rl.state import TrainState
 
-REWARD_KEYS = ("like", "repost", "comment", "new_followers")
+# the engagement channels in `SocialParams.engagement_channels`' order, then new followers
+REWARD_KEYS = ("like", "repost", "comment", "report", "dislike", "new_followers")
 COHORT_KEYS = ("name", "share", "ids", "trainable", "reward", "personas", "copy_from",
                "copy_every")
 
@@ -42,7 +43,7 @@ class Cohorts:
     trainable: Tuple[bool, ...]
     members: Tuple[np.ndarray, ...]   # per cohort: its agent ids [n_c] int32, sorted
     active: Tuple[int, ...]           # per cohort: agents acting per tick
-    reward: np.ndarray                # [C, 4] float32: like, repost, comment, new_followers
+    reward: np.ndarray                # [C, 6] float32, one column per REWARD_KEYS entry
     personas: Tuple[Tuple[str, ...], ...]  # per cohort: its personas (() = agents.personas)
     agent_cohort: np.ndarray          # [A] int32
     copy_from: Tuple[str, ...] = ()   # per cohort: "" (never), "best" or a cohort's name
@@ -196,7 +197,7 @@ def from_config(config) -> Optional[Cohorts]:
         if every < 1:
             raise _problem(f"cohort {name!r}: copy_every={every} must be >= 1")
     r = config.reward
-    reward = np.asarray([[float(dict(e.get("reward", {}) or {}).get(k, r[k]))
+    reward = np.asarray([[float(dict(e.get("reward", {}) or {}).get(k, r.get(k, 0.0)))
                           for k in REWARD_KEYS] for e in entries], np.float32)
     agent_cohort = np.zeros(a, np.int32)
     for c, m in enumerate(members):

@@ -104,6 +104,10 @@ def base_config() -> ml_collections.ConfigDict:
         horizon=4,           # H ticks after creation
         settle=True,         # H-1 crowd-only ticks end each epoch so every post sees its horizon
         like=1.0, repost=0.0, comment=0.0, new_followers=0.0,
+        # weights on the reports and dislikes a post draws (negative to penalise them; the
+        # crowd dislikes, only LLM agents report); either non-zero records them (see
+        # `engagement_channels`)
+        report=0.0, dislike=0.0,
         # An answer that created no post (like, comment, nothing, ...): "constant" = scored
         # reward.non_post; "mean" = the epoch's mean post score; "skip" = no update on it (its
         # tokens are masked out of the loss)
@@ -155,9 +159,34 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 def society_fields(c: ml_collections.ConfigDict) -> dict:
-    """The `jaxsocial.social.state.SocialParams` fields of `c.society`: all of its keys but
-    `encoder`, which picks the society's embedding space (`train.society_encoder`)."""
-    return {k: v for k, v in dict(c.society).items() if k != "encoder"}
+    """The `jaxsocial.social.state.SocialParams` fields a run's config sets: all of
+    `c.society`'s keys but `encoder`, which picks the society's embedding space
+    (`train.society_encoder`), and from the reward its horizon and `engagement_channels`."""
+    fields = {k: v for k, v in dict(c.society).items() if k != "encoder"}
+    return dict(fields, reward_horizon=int(config_get(c, "reward.horizon", 1)),
+                engagement_channels=engagement_channels(c))
+
+
+NEGATIVE_ENGAGEMENT = ("report", "dislike")
+
+
+def engagement_channels(c: ml_collections.ConfigDict) -> int:
+    """`SocialParams.engagement_channels`: 5 (likes, reposts, comments, reports, dislikes)
+    where `reward` or any cohort's reward weighs reports or dislikes, else 3 (the record
+    stays as small as the reward needs). Malformed cohorts count as 3 here; the config
+    check names them."""
+    weights = [dict(c.get("reward", {}) or {})]
+    for e in tuple(c.get("agents", {}).get("cohorts", ()) or ()):
+        if hasattr(e, "get") and hasattr(e.get("reward", {}) or {}, "get"):
+            weights.append(dict(e.get("reward", {}) or {}))
+    for w in weights:
+        for k in NEGATIVE_ENGAGEMENT:
+            try:
+                if float(w.get(k, 0.0) or 0.0) != 0.0:
+                    return 5
+            except (TypeError, ValueError):
+                continue
+    return 3
 
 
 def taste_driven_society(num_users: int, feed_size: int) -> dict:
@@ -343,6 +372,7 @@ IGNORED_ON_RESUME = ("train.allow_config_change",)
 # not the shapes of its state), the reward's weights, and what SAFE_ON_RESUME allows.
 FORK_MAY_CHANGE = SAFE_ON_RESUME + (
     "train.", "reward.like", "reward.repost", "reward.comment", "reward.new_followers",
+    "reward.report", "reward.dislike",
     "society.recsys", "society.recency", "society.seen_policy", "society.seen_penalty",
     "society.exclude_own", "society.pool_random", "society.explore_frac", "society.crowd",
     "society.w_sim", "society.w_rec", "society.w_pop", "society.w_in", "society.recency_tau",

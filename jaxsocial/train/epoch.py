@@ -260,7 +260,8 @@ def make_scoring(setup: Setup):
     r = c.reward
     mesh, pdef, rl_config = setup.mesh, setup.pdef, setup.rl_config
     horizon = setup.social_params.reward_horizon
-    reward_weights = (float(r.like), float(r.repost), float(r.comment))
+    channels = setup.social_params.engagement_channels  # E: 3, or 5 with reports and dislikes
+    reward_weights = tuple(float(r.get(k, 0.0)) for k in cohorts_lib.REWARD_KEYS[:channels])
     new_followers = float(r.new_followers)
     non_post_mode = r.get("non_post_mode", "constant")  # checked by train.config.check
     non_post, normalize = float(r.non_post), r.normalize
@@ -270,9 +271,10 @@ def make_scoring(setup: Setup):
     reuse_logprobs = setup.old_logprobs == "rollout"
     cohorts = setup.cohorts
     if cohorts is not None:  # each row is scored by its cohort's reward weights
-        row_weights = jnp.asarray(cohorts.reward[cohorts.row_cohort])        # [B, 4]
+        row_weights = jnp.asarray(cohorts.reward[cohorts.row_cohort])        # [B, 6]
         row_onehot = jax.nn.one_hot(jnp.asarray(cohorts.row_cohort), cohorts.num)  # [B, C]
-        cohort_followers = bool(np.any(cohorts.reward[:, 3]))
+        followers_col = cohorts_lib.REWARD_KEYS.index("new_followers")
+        cohort_followers = bool(np.any(cohorts.reward[:, followers_col]))
         cohort_rows = jnp.asarray(cohorts.rows(int(c.rollout.ticks_per_epoch)))  # [K, R]
 
     def non_post_base(score, made, onehot=None):
@@ -307,10 +309,10 @@ def make_scoring(setup: Setup):
 
     def cohort_reward(ro: Rollout, eng, created, created_tick):
         t, b = ro.created_id.shape
-        w = jnp.tile(row_weights, (t, 1))                                     # [T * B, 4]
-        score = jnp.sum(eng * w[:, :3], axis=-1)
+        w = jnp.tile(row_weights, (t, 1))                                     # [T * B, 6]
+        score = jnp.sum(eng * w[:, :channels], axis=-1)
         if cohort_followers:
-            score += w[:, 3] * rewards_lib.followers_within_horizon(
+            score += w[:, followers_col] * rewards_lib.followers_within_horizon(
                 ro.agent.reshape(-1), created_tick, ro.follower_delta, horizon, ro.tick[0],
                 valid=created >= 0)
         made = created >= 0

@@ -58,7 +58,7 @@ def epoch_metrics(setup: Setup, text: Text, v: EpochView, upd, wall: float, t_ro
                                         int(ActionType.QUOTE_POST)])
     eng = np.asarray(v.engagement)
     likes = eng[..., 0][is_post]
-    engaged = eng.sum(-1)[is_post] > 0
+    engaged = eng[..., :3].sum(-1)[is_post] > 0  # likes, reposts, comments: not reports
     n_posts = int(is_post.sum())
     names = {int(t): t.name.lower() for t in ActionType}
     mix = {names[k]: int((types == k).sum()) for k in np.unique(types)}
@@ -85,6 +85,7 @@ def epoch_metrics(setup: Setup, text: Text, v: EpochView, upd, wall: float, t_ro
         "action_mix": mix,
         "crowd_posts": int(v.crowd_posts),
         "likes_hist": np.bincount(likes.astype(int), minlength=1).tolist() if n_posts else [],
+        **negative_engagement(eng, is_post),
         # rl.old_logprobs: "rollout" = the rollout's log-probs were the old log-probs
         # (nothing re-scored); "rescore" = re-scored, logprob_gap = max |rollout - rescored|
         "old_logprobs": setup.old_logprobs,
@@ -148,12 +149,13 @@ def cohort_metrics(setup: Setup, text: Text, v: EpochView, upd, kept, idx, texts
         m = {"trainable": bool(co.trainable[c]), "agents": int(len(co.members[c])),
              "avg_likes_per_post": float(likes.mean()) if n else 0.0,
              "zero_like_share": float((likes == 0).mean()) if n else 0.0,
-             "positive_engagement_share": float((eng.sum(-1)[posts] > 0).mean()) if n else 0.0,
+             "positive_engagement_share": (float((eng[..., :3].sum(-1)[posts] > 0).mean())
+                                           if n else 0.0),
              "total_posts": n, "total_likes": int(likes.sum()),
              "reward_mean": float(sc[mine].mean()) if mine.any() else 0.0,
              "action_mix": {names[k]: int(((types == k) & mine).sum())
                             for k in np.unique(types[mine])},
-             "likes_given": given}
+             "likes_given": given, **negative_engagement(eng, posts)}
         m.update(topic_metrics(setup, text, emb[sel]))
         mine = [t for t, s_ in zip(texts, sel) if s_]
         m.update(_text_metrics(setup, text, v, kept, idx[sel], eng, mine, emb=emb[sel],
@@ -163,6 +165,15 @@ def cohort_metrics(setup: Setup, text: Text, v: EpochView, upd, kept, idx, texts
             m["ppo"] = {k: float(np.asarray(x).reshape(-1)[slot]) for k, x in upd.items()}
         out[name] = m
     return out
+
+
+def negative_engagement(eng: np.ndarray, posts: np.ndarray) -> Dict[str, int]:
+    """{"total_reports", "total_dislikes"} the `posts` [T, B] drew within the horizon, where
+    the run records them (engagement [T, B, 5]); {} otherwise."""
+    if eng.shape[-1] < 5:
+        return {}
+    return {"total_reports": int(eng[..., 3][posts].sum()),
+            "total_dislikes": int(eng[..., 4][posts].sum())}
 
 
 def _post_texts(setup: Setup, v: EpochView, kept, idx) -> List[str]:

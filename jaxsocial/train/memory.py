@@ -373,8 +373,9 @@ def _rollout(w: _Weights, *, batch: int, rows: int, prompt_len: int, response_le
     traj_row = prompt_len * 5 + response_len * 9  # ids + mask, tokens + logprobs + mask
     records = 0
     if social_params is not None:
-        # [T, P, 3] engagement deltas + [T, P] slot ids (int32), [T, B, d] embeddings.
-        records = ticks * (social_params.post_capacity * 16
+        # [T, P, E] engagement deltas + [T, P] slot ids (int32), [T, B, d] embeddings.
+        channels = social_params.engagement_channels
+        records = ticks * (social_params.post_capacity * 4 * (channels + 1)
                            + batch * social_params.embed_dim * 4)
     out = ticks * b_r * traj_row + records
     if scan_layers:

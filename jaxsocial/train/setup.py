@@ -174,8 +174,7 @@ def build_setup(config: ml_collections.ConfigDict, mesh=None, *, check_machine: 
     stop_ids = loading.stop_token_ids(tokenizer, model_config)
     a = int(c.agents.num_agents)
     active = int(c.agents.get("active_per_tick", 0)) or a
-    sp = society.make_params(**run_config.society_fields(c), num_agents=a,
-                             reward_horizon=int(c.reward.horizon))
+    sp = society.make_params(**run_config.society_fields(c), num_agents=a)
     cohorts = cohorts_lib.from_config(c)
     personas = cohorts_lib.personas(
         cohorts, [c.agents.personas[i % len(c.agents.personas)] for i in range(a)])
