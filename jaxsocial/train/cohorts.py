@@ -261,35 +261,17 @@ def init_train_states(rl_config, pdef, params_list: Sequence[Any], ref_params, k
 
 
 def map_cohorts(fn: Callable, train: TrainState, xs) -> Tuple[TrainState, Any]:
-    """fn(train_k, x_k) -> (train_k, out_k) over the K stacked cohorts in turn: one cohort's
-    step is live at a time (a merged or adapted forward of one adapter), the base shared.
-
-    A `fori_loop` that writes each cohort's new state back into the stacked state
-    (`dynamic_update_index_in_dim` on the loop's carry, which XLA updates in place), so the
-    stacked adapters and Adam moments exist once; `lax.map` would build the new stack
-    beside the old one."""
+    """`lax.map` of fn(train_k, x_k) -> (train_k, out_k) over the K stacked cohorts: one cohort's
+    step is live at a time (a merged or adapted forward of one adapter), the base shared."""
     ref = train.ref_params
-    stacked = train.replace(ref_params=None)
-    k = jax.tree.leaves(stacked)[0].shape[0]
 
-    def take(tree, i):
-        return jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False), tree)
-
-    def one(i, state):
-        new, out = fn(take(state, i).replace(ref_params=ref), take(xs, i))
+    def one(args):
+        t, x = args
+        new, out = fn(t.replace(ref_params=ref), x)
         return new.replace(ref_params=None), out
 
-    out_shape = jax.eval_shape(one, 0, stacked)[1]
-    outs = jax.tree.map(lambda s: jnp.zeros((k,) + s.shape, s.dtype), out_shape)
-
-    def body(i, carry):
-        state, outs = carry
-        new, out = one(i, state)
-        put = lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x, i, 0)  # noqa: E731
-        return jax.tree.map(put, state, new), jax.tree.map(put, outs, out)
-
-    new, outs = jax.lax.fori_loop(0, k, body, (stacked, outs))
-    return new.replace(ref_params=ref), outs
+    new, out = jax.lax.map(one, (train.replace(ref_params=None), xs))
+    return new.replace(ref_params=ref), out
 
 
 def copies(cohorts: Cohorts, epoch: int, reward: dict) -> dict:
