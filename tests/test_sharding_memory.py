@@ -189,3 +189,33 @@ def test_train_state_shardings_follow_the_model_metadata_and_optax(lora_rank):
         assert up["b"].sharding.spec == P(None, "fsdp")
     else:
         assert train.params["policy"]["layers"][0]["self_attn"]["q_proj"].sharding.spec == ref_q
+
+
+def test_adapters_follow_their_kernels_in_and_out_axes_with_tensor_parallelism():
+    """On a (1, 4, 2) mesh: A takes W's `in` axis and B its `out` axis (tensor or fsdp, as W
+    splits them); the cohorts' stacked [K, ...] adapters and the in-layer pin of
+    `gather_in_place` use the same rule (`partitioning.adapter_specs`)."""
+    from jaxsocial.models import partitioning
+    from jaxsocial.rl import lora as lora_lib
+    from jaxsocial.rl import ppo
+    from jaxsocial.scale import aot
+
+    P = jax.sharding.PartitionSpec
+    cfg = llama.preset("small_20m", num_hidden_layers=1)
+    mesh = sharding.make_mesh((1, 4, 2))
+    _, (train, _) = aot.abstract_update(cfg, ppo.PPOConfig(), mesh, rows=8, prompt_len=4,
+                                        response_len=4, lora=lora_lib.LoraConfig(rank=4))
+    ref, pol = train.ref_params["layers"][0], train.params["policy"]["layers"][0]
+    for block, name in (("self_attn", "q_proj"), ("mlp", "up_proj"), ("mlp", "down_proj")):
+        w = ref[block][name].sharding.spec
+        ad = pol[block][name]
+        assert ad["a"].sharding.spec == P(w[0], None), name
+        assert ad["b"].sharding.spec == P(None, w[1]), name
+    assert pol["mlp"]["up_proj"]["b"].sharding.spec == P(None, "tensor")
+    assert pol["mlp"]["down_proj"]["b"].sharding.spec == P(None, "fsdp")
+    # stacked cohorts [K, in, r] / [K, r, out]: the leading axis replicated
+    sa, sb = partitioning.adapter_specs(P("fsdp", "tensor"), (3, 384, 4), (3, 4, 1024), mesh)
+    assert (sa, sb) == (P(None, "fsdp", None), P(None, None, "tensor"))
+    # W whole along an axis fsdp divides: that axis on fsdp; one it does not divide: whole
+    sa, sb = partitioning.adapter_specs(P(None, None), (384, 4), (4, 1022), mesh)
+    assert (sa, sb) == (P("fsdp", None), P(None, None))

@@ -103,6 +103,26 @@ def constrain_rows(x: Any, logical: str = "batch") -> Any:
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
+def adapter_axis(spec_dim: Any, size: int, mesh: Mesh) -> Any:
+    """The mesh axis of a LoRA adapter's long dim (A's `in`, B's `out`): W's own axis for that
+    dim, or fsdp where W leaves it whole and fsdp divides it (None: replicated)."""
+    if spec_dim is not None:
+        return spec_dim
+    f = int(dict(mesh.shape).get("fsdp", 1))
+    return "fsdp" if f > 1 and size % f == 0 else None
+
+
+def adapter_specs(w_spec: Any, a_shape: Tuple[int, ...], b_shape: Tuple[int, ...],
+                  mesh: Mesh) -> Tuple[P, P]:
+    """PartitionSpecs of adapters A [..., in, r] and B [..., r, out] of a kernel W [in, out]
+    laid out as `w_spec` (its last two entries are W's in and out): the long dims by
+    `adapter_axis`, the rank and the leading dims (layers, cohorts) replicated."""
+    spec = (None, None) + tuple(w_spec)
+    lead_a, lead_b = (None,) * (len(a_shape) - 2), (None,) * (len(b_shape) - 2)
+    return (P(*lead_a, adapter_axis(spec[-2], a_shape[-2], mesh), None),
+            P(*lead_b, None, adapter_axis(spec[-1], b_shape[-1], mesh)))
+
+
 def gather_in_place(x: Any, kernels: Sequence[Any]) -> Tuple[Any, Tuple[Any, ...]]:
     """Inside jit, on a mesh: (x, the kernels' values) through one `optimization_barrier`,
     each kernel pinned to its own sharding (its logical names, `logical_to_spec`) on the way
@@ -122,9 +142,15 @@ def gather_in_place(x: Any, kernels: Sequence[Any]) -> Tuple[Any, Tuple[Any, ...
     def pin_one(v, s):
         if s is None:
             return v
-        constrain = lambda w: jax.lax.with_sharding_constraint(w, NamedSharding(mesh, s))  # noqa
-        # an `adapters.Adapted` kernel: W keeps its layout, the small adapters replicated
-        return v.map_base(constrain) if hasattr(v, "map_base") else constrain(v)
+        pin_to = lambda w, sp: jax.lax.with_sharding_constraint(w, NamedSharding(mesh, sp))  # noqa
+        if hasattr(v, "map_base"):
+            # an `adapters.Adapted` kernel: W and its adapters each on their own sharded layout
+            # (`adapter_specs`, as the train state stores them), so the adapters' gathers too
+            # come after the barrier; unpinned, XLA gathers every layer's adapters of every
+            # cohort at once outside the loops
+            sa, sb = adapter_specs(s, v.a.shape, v.b.shape, mesh)
+            return v.replace(w=pin_to(v.w, s), a=pin_to(v.a, sa), b=pin_to(v.b, sb))
+        return pin_to(v, s)
 
     def pin(vs):  # each kernel on its own (sharded) layout
         return tuple(pin_one(v, s) for v, s in zip(vs, specs))

@@ -29,6 +29,7 @@ from jaxsocial.models.partitioning import (  # noqa: F401 (re-exported: the rule
     AXES,
     LOGICAL_AXIS_RULES,
     _variable_names,
+    adapter_specs,
     constrain_rows,
     gather_in_place,
     logical_to_spec,
@@ -113,24 +114,13 @@ def adapter_shardings(adapters: Any, weight_shardings: Dict[str, Any]) -> Any:
     divides it; the rank and any leading axes (the cohorts' [K]) replicated. Replicated adapters
     and their Adam moments would cost every device the whole of them: 0.5 GiB per cohort for
     Llama-3-8B at rank 16."""
-    def axis(spec_dim, size, mesh):
-        if spec_dim is not None:
-            return spec_dim
-        f = int(dict(mesh.shape).get("fsdp", 1))
-        return "fsdp" if f > 1 and size % f == 0 else None
-
     def walk(ad, ws):
         out = {}
         for k, v in ad.items():
             w = ws[k]
             if isinstance(w, NamedSharding):
-                spec = tuple(w.spec) + (None,) * (2 - len(w.spec))
-                a, b = v["a"], v["b"]
-                lead = (None,) * (a.ndim - 2)
-                out[k] = {"a": NamedSharding(w.mesh, P(*lead, axis(spec[0], a.shape[-2], w.mesh),
-                                                       None)),
-                          "b": NamedSharding(w.mesh, P(*lead, None,
-                                                       axis(spec[1], b.shape[-1], w.mesh)))}
+                sa, sb = adapter_specs(w.spec, v["a"].shape, v["b"].shape, w.mesh)
+                out[k] = {"a": NamedSharding(w.mesh, sa), "b": NamedSharding(w.mesh, sb)}
             else:
                 out[k] = walk(v, w)
         return out
