@@ -1,6 +1,8 @@
 """Every test sees 8 fake CPU devices; set before jax is imported anywhere."""
 import os
 
+import pytest
+
 # The suite compiles far more than it runs: most tests build a small program once and run it
 # for a few steps. At LLVM -O0, XLA's CPU backend compiles those programs about 30% faster and
 # runs them about 2x slower, which on 2 cores takes minutes off `pytest` (README, "Set-up").
@@ -33,6 +35,21 @@ def pytest_collection_modifyitems(config, items):
     """Longest files first (`LONGEST_FIRST`); a stable sort keeps every file's own order."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After each test file (its module fixtures finalised): drop JAX's compiled programs and
+    collect. A worker otherwise keeps every file's executables, and two workers on a 2-core,
+    24 GiB machine came within reach of its memory by the end of the suite."""
+    yield
+    if nextitem is None or nextitem.path != item.path:
+        import gc
+
+        import jax
+
+        jax.clear_caches()
+        gc.collect()
 
 
 _LAUNCHER_FLAGS = set()

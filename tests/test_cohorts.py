@@ -211,7 +211,7 @@ def two():
     return _rolled(_config(TWO))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def dislikes():
     """`two` with the comments cohort rewarded for comments minus dislikes (five channels
     recorded), in a crowd that dislikes often enough to matter."""
