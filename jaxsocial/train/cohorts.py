@@ -28,9 +28,10 @@ import numpy as np
 
 from jaxsocial.rl import optim
 from jaxsocial.rl.state import TrainState
+from jaxsocial.train import config as run_config
 
-# the engagement channels in `SocialParams.engagement_channels`' order, then new followers
-REWARD_KEYS = ("like", "repost", "comment", "report", "dislike", "new_followers")
+# the engagement channels' weights in their recorded order, then new followers
+REWARD_KEYS = run_config.ENGAGEMENT_REWARDS + ("new_followers",)
 COHORT_KEYS = ("name", "share", "ids", "trainable", "reward", "personas", "copy_from",
                "copy_every")
 

@@ -167,26 +167,21 @@ def society_fields(c: ml_collections.ConfigDict) -> dict:
                 engagement_channels=engagement_channels(c))
 
 
-NEGATIVE_ENGAGEMENT = ("report", "dislike")
+# The reward.* weights of StepInfo.engagement_delta's channels, in its order: the first three
+# always recorded, the last two with `SocialParams.engagement_channels=5`.
+ENGAGEMENT_REWARDS = ("like", "repost", "comment", "report", "dislike")
 
 
 def engagement_channels(c: ml_collections.ConfigDict) -> int:
-    """`SocialParams.engagement_channels`: 5 (likes, reposts, comments, reports, dislikes)
-    where `reward` or any cohort's reward weighs reports or dislikes, else 3 (the record
-    stays as small as the reward needs). Malformed cohorts count as 3 here; the config
-    check names them."""
-    weights = [dict(c.get("reward", {}) or {})]
-    for e in tuple(c.get("agents", {}).get("cohorts", ()) or ()):
-        if hasattr(e, "get") and hasattr(e.get("reward", {}) or {}, "get"):
-            weights.append(dict(e.get("reward", {}) or {}))
-    for w in weights:
-        for k in NEGATIVE_ENGAGEMENT:
-            try:
-                if float(w.get(k, 0.0) or 0.0) != 0.0:
-                    return 5
-            except (TypeError, ValueError):
-                continue
-    return 3
+    """`SocialParams.engagement_channels`: 5 where `reward` or any cohort's reward weighs
+    reports or dislikes, else 3, so the record stays as small as the reward needs. A malformed
+    cohort is skipped here; the config check names it."""
+    rewards = [c.get("reward") or {}] + [e.get("reward") or {} for e in
+                                         c.get("agents", {}).get("cohorts", ()) or ()
+                                         if hasattr(e, "get")]
+    weighed = any(w.get(k) for w in rewards if hasattr(w, "get")
+                  for k in ENGAGEMENT_REWARDS[3:])
+    return 5 if weighed else 3
 
 
 def taste_driven_society(num_users: int, feed_size: int) -> dict:

@@ -29,6 +29,10 @@ from jaxsocial.train.setup import RunState, Setup, Text
 _cascades = jax.jit(cascades.cascades)
 _polarisation = jax.jit(polarisation.summary, static_argnames=("params", "sample"))
 
+# engagement [..., E]: the first POSITIVE channels (likes, reposts, comments) are positive
+# engagement; reports and dislikes follow where recorded (`config.ENGAGEMENT_REWARDS`)
+POSITIVE = 3
+
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 3))
 def _interview_answers(pdef, social_params, template, sampling, params, ref_params, soc, key,
@@ -58,7 +62,7 @@ def epoch_metrics(setup: Setup, text: Text, v: EpochView, upd, wall: float, t_ro
                                         int(ActionType.QUOTE_POST)])
     eng = np.asarray(v.engagement)
     likes = eng[..., 0][is_post]
-    engaged = eng[..., :3].sum(-1)[is_post] > 0  # likes, reposts, comments: not reports
+    engaged = eng[..., :POSITIVE].sum(-1)[is_post] > 0
     n_posts = int(is_post.sum())
     names = {int(t): t.name.lower() for t in ActionType}
     mix = {names[k]: int((types == k).sum()) for k in np.unique(types)}
@@ -149,8 +153,8 @@ def cohort_metrics(setup: Setup, text: Text, v: EpochView, upd, kept, idx, texts
         m = {"trainable": bool(co.trainable[c]), "agents": int(len(co.members[c])),
              "avg_likes_per_post": float(likes.mean()) if n else 0.0,
              "zero_like_share": float((likes == 0).mean()) if n else 0.0,
-             "positive_engagement_share": (float((eng[..., :3].sum(-1)[posts] > 0).mean())
-                                           if n else 0.0),
+             "positive_engagement_share": (float((eng[..., :POSITIVE].sum(-1)[posts] > 0)
+                                                 .mean()) if n else 0.0),
              "total_posts": n, "total_likes": int(likes.sum()),
              "reward_mean": float(sc[mine].mean()) if mine.any() else 0.0,
              "action_mix": {names[k]: int(((types == k) & mine).sum())
@@ -170,10 +174,10 @@ def cohort_metrics(setup: Setup, text: Text, v: EpochView, upd, kept, idx, texts
 def negative_engagement(eng: np.ndarray, posts: np.ndarray) -> Dict[str, int]:
     """{"total_reports", "total_dislikes"} the `posts` [T, B] drew within the horizon, where
     the run records them (engagement [T, B, 5]); {} otherwise."""
-    if eng.shape[-1] < 5:
+    if eng.shape[-1] <= POSITIVE:
         return {}
-    return {"total_reports": int(eng[..., 3][posts].sum()),
-            "total_dislikes": int(eng[..., 4][posts].sum())}
+    return {"total_reports": int(eng[..., POSITIVE][posts].sum()),
+            "total_dislikes": int(eng[..., POSITIVE + 1][posts].sum())}
 
 
 def _post_texts(setup: Setup, v: EpochView, kept, idx) -> List[str]:
