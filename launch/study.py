@@ -20,13 +20,26 @@ Every (arm, seed) is one run of
     python launch/train.py --config=PATH[:variant] --workdir=W/ARM-seedS [--config. flags]
         --config.seed=S --noprogress
 
-(seeds S = seed_start .. seed_start + seeds - 1), its console in W/ARM-seedS.log, at most
-`--parallel` at a time. Every config is loaded and checked before anything runs: bad input is
-one line, `error: ...`, exit status 1. Rerunning the same command resumes: a finished run (all
-epochs in metrics.jsonl, summary.json, the same config.json) is skipped, any other is started
-again and train.py resumes it from its checkpoint. A failed run is named with its log after
-the others finish, no table is written, and the exit status is 1. SIGINT / SIGTERM stop
-launching and are passed on to the live runs, which checkpoint and exit (rerun to resume).
+(seeds S = seed_start .. seed_start + seeds - 1), its console appended to W/ARM-seedS.log
+after a line `=== start DATE (launch/study.py pid N) ===` (a log is never truncated: earlier
+attempts stay above), at most `--parallel` at a time. Every config is loaded and checked before
+anything runs: bad input is one line, `error: ...`, exit status 1. Rerunning the same command
+resumes: a finished run (all epochs in metrics.jsonl, summary.json, the same config.json) is
+skipped, any other is started again and train.py resumes it from its checkpoint. A failed run
+is named with its log after the others finish, no table is written, and the exit status is 1.
+
+One study per directory: the study holds an exclusive lock on W/study.lock for its whole life
+(`jaxsocial.train.workdir_lock`; the kernel drops it when the process dies, kill -9 included),
+and a second study on W exits 1 in one line, `error: workdir W is in use by pid P on host H
+(started T) ...`, before it changes anything. A run whose workdir a live train.py holds (its
+run.lock: a run started by hand, or one still checkpointing after its study was killed) is not
+started and its log is left alone: it is named `busy` with the holder, and counts as failed.
+SIGINT / SIGTERM stop launching and are passed on to the live runs, which checkpoint and exit
+(rerun to resume); each run is its own session, so a terminal's Ctrl-C reaches it once, through
+the study. The runs die with the study: on Linux the kernel sends each one SIGTERM when the
+study dies, kill -9 included (prctl PR_SET_PDEATHSIG), so they checkpoint and exit rather than
+train on unsupervised. Elsewhere a study killed by SIGKILL leaves its runs going: stop them by
+the pids its `start` lines name before rerunning.
 
 Written to W: study.json (everything: config, overrides, arms, seeds, each run's first / last
 third and change per metric and the seconds its epochs took, per-arm statistics, comparisons
@@ -55,6 +68,10 @@ from jaxsocial import cli, study
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "launch", "train.py")
 TRAINED = "trained"
+LOCK_NAME = "study.lock"  # in the study directory, held by the study for its whole life
+LOG_HEADER = "=== start "  # each attempt's first line in a run's log
+# Linux: a study's runs get SIGTERM when it dies (see spawn); elsewhere there is no such signal.
+PARENT_DEATH = sys.platform.startswith("linux")
 
 _CONFIG = flags.DEFINE_string("config", None, "Config file (configs/*.py[:variant]) of every "
                               "arm; --config.KEY=VALUE flags apply to every arm.")
@@ -269,14 +286,51 @@ def _duration(seconds: float) -> str:
     return f"{minutes}m{s:02d}s" if minutes else f"{s}s"
 
 
+# The child of spawn(parent_death=True) runs this, then execs the command (same pid): it asks
+# the kernel for SIGTERM when its parent dies (PR_SET_PDEATHSIG, 1; kept across exec), then
+# checks that the parent it was given is still its parent, since one that died before the prctl
+# took effect sends nothing. argv: the parent's pid, then the command.
+_PARENT_DEATH_EXEC = r"""
+import ctypes, os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)  # a Ctrl-C passed on before the exec: just end
+parent, argv = int(sys.argv[1]), sys.argv[2:]
+if ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0) != 0:
+    sys.stderr.write(f"warning: prctl(PR_SET_PDEATHSIG) failed (errno {ctypes.get_errno()}): "
+                     f"this run outlives launch/study.py (pid {parent}) if that is killed\n")
+if os.getppid() != parent:
+    sys.stderr.write(f"error: launch/study.py (pid {parent}) ended before this run began: "
+                     f"not started\n")
+    sys.exit(1)
+sys.stderr.flush()
+os.execvp(argv[0], argv)
+"""
+
+
+def spawn(argv: Sequence[str], log, parent_death: bool = PARENT_DEATH) -> subprocess.Popen:
+    """Start the command `argv` with its stdout and stderr to the open file `log`, in a session
+    of its own (a terminal's Ctrl-C reaches it once, passed on by Launcher, not twice).
+
+    parent_death (Linux only): the kernel sends it SIGTERM when this process dies, kill -9
+    included, through a small Python step that sets PR_SET_PDEATHSIG and then execs argv (so
+    the Popen's pid is the command's). The signal follows the thread that started the child:
+    call this from a thread that lives as long as the process (the main thread does)."""
+    argv = [str(a) for a in argv]
+    if parent_death:
+        argv = [sys.executable, "-c", _PARENT_DEATH_EXEC, str(os.getpid()), *argv]
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
 class Launcher:
     """Runs train.py subprocesses, at most `parallel` at a time. SIGINT / SIGTERM stop
     launching and are passed on to the live runs (each its own session, so a Ctrl-C reaches
-    them once, through this process)."""
+    them once, through this process); they get SIGTERM if this process dies (`spawn`). A run
+    whose workdir a live process holds (run.lock) is not started and its log is not touched:
+    `busy` maps its name to the one-line reason naming the holder."""
 
     def __init__(self, parallel: int, out=sys.stdout):
         self.parallel, self.out = parallel, out
         self.live: Dict[str, Tuple[Run, subprocess.Popen, float]] = {}
+        self.busy: Dict[str, str] = {}
         self.stopped = None
 
     def say(self, text: str):
@@ -290,12 +344,23 @@ class Launcher:
                 proc.send_signal(signum)
 
     def _start(self, run: Run):
+        from jaxsocial.train import workdir_lock
+        try:  # a live run's log is its own: not even the header below goes into it
+            workdir_lock.check_free(run.workdir)
+        except workdir_lock.WorkdirBusy as e:
+            self.busy[run.name] = _one_line(e)
+            self.say(f"busy {run.name}: {_one_line(e)} (not started, its log left alone)")
+            return
         os.makedirs(os.path.dirname(os.path.abspath(run.log)), exist_ok=True)
-        with open(run.log, "w", encoding="utf-8") as log:
-            proc = subprocess.Popen([sys.executable, TRAIN, *run.argv], stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+        # Appended, never truncated: should a run start on this workdir between the check above
+        # and train.py's own lock, its log keeps everything it wrote.
+        with open(run.log, "a", encoding="utf-8") as log:
+            now = datetime.datetime.now().astimezone().isoformat("T", "seconds")
+            log.write(f"{LOG_HEADER}{now} (launch/study.py pid {os.getpid()}) ===\n")
+            log.flush()
+            proc = spawn([sys.executable, TRAIN, *run.argv], log)
         self.live[run.name] = (run, proc, time.monotonic())
-        self.say(f"start {run.name} (log: {run.log})")
+        self.say(f"start {run.name} (pid {proc.pid}, log: {run.log})")
 
     def _reap(self, rcs: Dict[str, int]):
         for name, (run, proc, t0) in list(self.live.items()):
@@ -325,19 +390,30 @@ class Launcher:
 
 
 def last_error(log: str) -> str:
-    """The last `error:` line of a run's log ('' if none)."""
+    """The last `error:` line of the last attempt in a run's log ('' if none)."""
     try:
         with open(log, encoding="utf-8", errors="replace") as f:
-            lines = [line.strip() for line in f if line.startswith("error:")]
+            lines = []
+            for line in f:
+                if line.startswith(LOG_HEADER):
+                    lines = []
+                elif line.startswith("error:"):
+                    lines.append(line.strip())
     except OSError:
         return ""
     return lines[-1] if lines else ""
 
 
-def report_problems(runs: Sequence[Run], rcs: Dict[str, int], say) -> int:
-    """Name every failed or incomplete run with its log; their number."""
+def report_problems(runs: Sequence[Run], rcs: Dict[str, int], say,
+                    busy: Optional[Dict[str, str]] = None) -> int:
+    """Name every failed, incomplete or busy (not started: `Launcher.busy`) run with its log;
+    their number."""
     bad = 0
     for run in runs:
+        if busy and run.name in busy:
+            bad += 1
+            say(f"failed: {run.name} (not started: {busy[run.name]}) (log: {run.log})")
+            continue
         rc = rcs.get(run.name, 0)
         if rc == 0 and complete(run):
             continue
@@ -475,7 +551,11 @@ def main(argv):
         if _RECORD.value:
             check_record_name(_RECORD.value)
         workdir_lock.prepare(_WORKDIR.value)
-    except ValueError as e:
+        # Held until this process exits (the kernel drops it then, kill -9 included); taken
+        # before any run's state is read or any log opened.
+        study_lock = workdir_lock.WorkdirLock(_WORKDIR.value, lock_name=LOCK_NAME, what="study")
+        study_lock.acquire()
+    except (ValueError, workdir_lock.WorkdirBusy) as e:
         sys.stderr.write(f"error: {_one_line(e)}\n")
         sys.exit(1)
     todo = [r for r in runs if not finished(r)]
@@ -487,7 +567,7 @@ def main(argv):
     if launcher.stopped:
         launcher.say(f"stopped by {launcher.stopped}: rerun the same command to resume")
         return
-    if report_problems(runs, rcs, launcher.say):
+    if report_problems(runs, rcs, launcher.say, launcher.busy):
         launcher.say("no table written: rerun the same command once fixed (finished runs "
                      "are skipped)")
         sys.exit(1)

@@ -3,7 +3,9 @@
 The kernel releases the lock when the holding process dies (kill -9 included), so a stale lock
 file never blocks a later run: only a live holder does. The file records the holder's pid, host
 and start time, which the refusal names. A lock is per open file description, so one process
-holds it through one `WorkdirLock` object; `check_free` only probes (takes and drops it).
+holds it through one `WorkdirLock` object; `check_free` only probes (takes and drops it). The
+descriptor is not inherited by child processes. `launch/study.py` holds its study directory the
+same way through another file (`WorkdirLock(w, lock_name="study.lock", what="study")`).
 """
 
 from __future__ import annotations
@@ -36,11 +38,14 @@ def _holder(path: str) -> str:
 class WorkdirLock:
     """`with WorkdirLock(workdir):` holds `workdir/run.lock` exclusively, or raises WorkdirBusy.
 
-    Non-blocking: a second run on a live workdir is refused at once, naming the holder."""
+    Non-blocking: a second run on a live workdir is refused at once, naming the holder.
+    lock_name: the lock file's name in workdir; what: the holder's kind, as the refusal names it
+    ("wait for that run to end")."""
 
-    def __init__(self, workdir: str):
+    def __init__(self, workdir: str, lock_name: str = LOCK_NAME, what: str = "run"):
         self.workdir = os.path.abspath(workdir)
-        self.path = os.path.join(self.workdir, LOCK_NAME)
+        self.path = os.path.join(self.workdir, lock_name)
+        self.what = what
         self._fd: Optional[int] = None
 
     def acquire(self) -> "WorkdirLock":
@@ -54,7 +59,7 @@ class WorkdirLock:
             if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                 raise WorkdirBusy(
                     f"workdir {self.workdir} is in use by {_holder(self.path)}: wait for that "
-                    f"run to end or stop it, or use another --workdir") from None
+                    f"{self.what} to end or stop it, or use another --workdir") from None
             raise
         info = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}
         os.ftruncate(fd, 0)
