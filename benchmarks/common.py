@@ -26,6 +26,10 @@ import subprocess
 import sys
 import time
 
+# Before JAX's backend starts: with libtpu installed and no TPU, this package points JAX at
+# the CPU, so libtpu's TPU-host errors never reach a benchmark's console.
+import jaxsocial  # noqa: F401
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_DIR = "benchmarks/results"
 NO_RECORD_ENV = "JAXSOCIAL_NO_RECORD"    # "1": no result file, whatever the flags say

@@ -25,7 +25,8 @@ after a line `=== start DATE (launch/study.py pid N) ===` (a log is never trunca
 attempts stay above), at most `--parallel` at a time. Every config is loaded and checked before
 anything runs: bad input is one line, `error: ...`, exit status 1. Rerunning the same command
 resumes: a finished run (all epochs in metrics.jsonl, summary.json, the same config.json) is
-skipped, any other is started again and train.py resumes it from its checkpoint. A failed run
+skipped, any other is started again and train.py resumes it from its checkpoint (one that
+holds no checkpoint yet starts over: `--noresume`). A failed run
 is named with its log after the others finish, no table is written, and the exit status is 1.
 
 One study per directory: the study holds an exclusive lock on W/study.lock for its whole life
@@ -281,6 +282,12 @@ def finished(run: Run) -> bool:
     return not safe and not unsafe
 
 
+def _has_checkpoint(workdir: str) -> bool:
+    """Whether the run's workdir holds a checkpoint (train.py resumes from it)."""
+    path = os.path.join(workdir, "checkpoints")
+    return os.path.isdir(path) and any(name.isdigit() for name in os.listdir(path))
+
+
 def _duration(seconds: float) -> str:
     minutes, s = divmod(int(round(seconds)), 60)
     return f"{minutes}m{s:02d}s" if minutes else f"{s}s"
@@ -358,7 +365,10 @@ class Launcher:
             now = datetime.datetime.now().astimezone().isoformat("T", "seconds")
             log.write(f"{LOG_HEADER}{now} (launch/study.py pid {os.getpid()}) ===\n")
             log.flush()
-            proc = spawn([sys.executable, TRAIN, *run.argv], log)
+            # A run stopped before its first checkpoint cannot resume, and train.py refuses to
+            # cut its logged epochs unasked: a study's own run starts over.
+            fresh = [] if _has_checkpoint(run.workdir) else ["--noresume"]
+            proc = spawn([sys.executable, TRAIN, *run.argv, *fresh], log)
         self.live[run.name] = (run, proc, time.monotonic())
         self.say(f"start {run.name} (pid {proc.pid}, log: {run.log})")
 

@@ -12,10 +12,14 @@ Hugging Face directory (export/, tokenizer included) with the initial policy bes
 (initial/, launch/eval.py's default baseline). Re-running with the same workdir resumes from
 its newest good checkpoint (the resumed run produces the same metrics as an uninterrupted
 one) if the config matches the stored config.json; `--config.train.allow_config_change=True`
-accepts changed train.* keys (more epochs, ...); `--noresume` starts over. SIGTERM and SIGINT
-(Ctrl-C) exit 0: during the epoch loop after saving a checkpoint at the end of the current
-epoch, before it at once. One run per workdir: a second run on a live workdir is refused in one
-line naming the holder's pid and host (`workdir/run.lock`). export/ and initial/ appear whole
+accepts changed train.* keys (more epochs, ...); `--noresume` starts over. A workdir that holds
+logged epochs but no checkpoint cannot resume and is refused (`--noresume` starts over there).
+SIGTERM and SIGINT (Ctrl-C) exit 0: during the epoch loop after saving a checkpoint at the end
+of the current epoch (right after the save when the signal arrives during one), before it at
+once. A run refused before its first epoch (a bad fork, a config the set-up rejects) leaves no
+file behind: a workdir this launch made is removed again, its train.log included. One run per
+workdir: a second run on a live workdir is refused in one line naming the holder's pid and host
+(`workdir/run.lock`). export/ and initial/ appear whole
 or not at all; rerunning a finished run rewrites either one if it is missing or incomplete.
 
 The console shows a progress bar with each epoch's headline metrics, warnings of this project
@@ -27,13 +31,16 @@ import os
 import signal
 import sys
 
+# What a stop signal interrupts while runner.train's own handler is not installed.
+_PHASE = "during start-up (nothing to save)"
+
 
 def _exit_on_stop_signal(signum, frame):  # noqa: ARG001
-    # Until runner.train installs its own handler nothing exists that needs saving. os._exit,
-    # not sys.exit: a SystemExit raised inside a half-done import (jax, orbax) can leave
-    # threads and atexit hooks that turn the exit status into 1 at shutdown.
-    sys.stderr.write(f"stopped by {signal.Signals(signum).name} during start-up "
-                     f"(nothing to save)\n")
+    # Before runner.train installs its own handler nothing exists that needs saving, and after
+    # it returns everything is saved. os._exit, not sys.exit: a SystemExit raised inside a
+    # half-done import (jax, orbax) can leave threads and atexit hooks that turn the exit
+    # status into 1 at shutdown.
+    sys.stderr.write(f"stopped by {signal.Signals(signum).name} {_PHASE}\n")
     sys.stderr.flush()
     sys.stdout.flush()
     os._exit(0)
@@ -121,6 +128,44 @@ def _log_to_file(path: str):
     return console
 
 
+def _entries(workdir: str):
+    """The names in `workdir` before this launch (None: there is no workdir yet)."""
+    try:
+        return set(os.listdir(workdir))
+    except FileNotFoundError:
+        return None
+    except OSError:  # a file, or unreadable: the checks name it; nothing will be undone
+        return set()
+
+
+# What a run writes before its first epoch: a refusal takes these back.
+_START_UP = {"train.log", "run.lock", "checkpoints"}
+
+
+def _undo_start(workdir: str, before, distributed: bool) -> bool:
+    """Take back what this launch wrote when its run was refused before its first epoch:
+    the workdir itself if it made it, else the start-up files it added. Nothing is touched
+    once a checkpoint or a logged epoch exists, nor in a multi-process run (the peers share
+    the workdir). True when the workdir is as it was before the launch."""
+    import shutil
+
+    after = _entries(workdir)
+    if distributed or after is None:
+        return after is None
+    added = after - (before or set())
+    ckpts = os.path.join(workdir, "checkpoints")
+    if (not added <= _START_UP
+            or ("checkpoints" in added and os.path.isdir(ckpts) and os.listdir(ckpts))):
+        return False
+    if before is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+        return not os.path.exists(workdir)
+    for name in added:
+        path = os.path.join(workdir, name)
+        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+    return True
+
+
 def main(argv):
     del argv
     config = _CONFIG.value
@@ -128,6 +173,7 @@ def main(argv):
     console = sys.stderr
     log_path = None
     from jaxsocial.train import checks, workdir_lock
+    before = _entries(workdir)
     try:  # a config that fails its check writes nothing, not even the workdir
         checks.check(config)
         if config.train.get("preflight", ""):  # compiled for its target before anything else
@@ -156,10 +202,15 @@ def main(argv):
     try:
         summary = runner.train(config, workdir, resume=_RESUME.value, progress=_PROGRESS.value,
                                progress_file=console)
+        global _PHASE
+        _PHASE = "after the run returned (everything is saved)"
     except (ValueError, FileNotFoundError, OSError, checkpointing.CheckpointError,
             workdir_lock.WorkdirBusy) as e:
         # bad config / resume refused / no good checkpoint / full disk / busy workdir: one line
         logging.info("run failed", exc_info=True)
+        if not isinstance(e, workdir_lock.WorkdirBusy) and _undo_start(
+                workdir, before, bool(config.distributed.enabled)):
+            where = ""  # the refusal left nothing behind, its log included
         console.write(f"error: {_one_line(e)}{where}\n")
         sys.exit(1)
     except Exception as e:  # noqa: BLE001 -- anything else: one line, traceback in the log

@@ -127,12 +127,79 @@ def test_full_disk_is_one_line(launcher, capsys, monkeypatch, tmp_path):
         ck.save(3, {"w": np.ones((4,), np.float32)}, {"epoch": 3})
     assert e.value.errno == errno.ENOSPC and "checkpoint 3" in str(e.value)
 
-    def train(config, workdir, **kw):  # the run reaches its first save
+    def train(config, workdir, **kw):  # the run logs its first epoch and reaches its save
+        (tmp_path / "w" / "metrics.jsonl").write_text('{"epoch": 1}\n')
         checkpointing.Checkpointer(workdir).save(1, {"w": np.ones((4,), np.float32)}, {})
     monkeypatch.setattr(runner, "train", train)
     code, errors, err = _main(launcher, capsys, f"--workdir={tmp_path / 'w'}")
     assert code == 1 and len(errors) == 1, err[-3000:]
     assert "no space left on device while saving checkpoint 1" in errors[0], errors
+    # A failure after an epoch is logged is no refusal: the run's files stay.
+    assert (tmp_path / "w" / "metrics.jsonl").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# a refused run leaves no files behind
+
+
+def test_a_refused_fork_leaves_no_workdir(launcher, capsys, tmp_path):
+    source = tmp_path / "source"
+    (source / "checkpoints").mkdir(parents=True)
+    w = tmp_path / "w"
+    code, errors, err = _main(launcher, capsys, f"--workdir={w}", **{
+        "train.fork_from": str(source / "checkpoints" / "1")})
+    assert code == 1 and len(errors) == 1 and "does not exist" in errors[0], err[-3000:]
+    assert not w.exists()
+
+
+def test_a_refused_feed_size_names_its_key_and_keeps_a_workdir_as_it_was(launcher, capsys,
+                                                                         tmp_path):
+    w = tmp_path / "w"
+    w.mkdir()
+    (w / "notes.txt").write_text("mine")
+    code, errors, err = _main(launcher, capsys, f"--workdir={w}",
+                              **{"society.feed_size": 16})
+    assert code == 1 and len(errors) == 1, err[-3000:]
+    assert "society.feed_size=16" in errors[0] and "rollout.max_new_tokens" in errors[0], errors
+    assert sorted(os.listdir(w)) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("case", ["fresh", "existing", "epoch_logged", "checkpointed",
+                                  "distributed"])
+def test_undo_start_takes_back_only_start_up_files(launcher, tmp_path, case):
+    w = tmp_path / "w"
+    before = launcher._entries(str(w))
+    if case != "fresh":
+        w.mkdir()
+        (w / "notes.txt").write_text("mine")
+        before = launcher._entries(str(w))
+    (w / "checkpoints").mkdir(parents=True)
+    (w / "run.lock").write_text("{}")
+    (w / "train.log").write_text("log")
+    if case == "epoch_logged":
+        (w / "metrics.jsonl").write_text('{"epoch": 1}\n')
+    if case == "checkpointed":
+        (w / "checkpoints" / "1").mkdir()
+    undone = launcher._undo_start(str(w), before, distributed=case == "distributed")
+    if case == "fresh":
+        assert undone and not w.exists()
+    elif case == "existing":
+        assert undone and sorted(os.listdir(w)) == ["notes.txt"]
+    else:  # controls: an epoch was logged or saved, or peers share the workdir: all kept
+        assert not undone
+        assert {"checkpoints", "run.lock", "train.log"} <= set(os.listdir(w))
+
+
+def test_a_refused_run_leaves_no_log_either(tmp_path):
+    # Without --verbose the launcher logs into workdir/train.log: a refusal takes it back too.
+    w = tmp_path / "w"
+    out = subprocess.run([sys.executable, "launch/train.py", "--noprogress", f"--config={SMOKE}",
+                          f"--config.train.fork_from={tmp_path / 'src' / 'checkpoints' / '2'}",
+                          f"--workdir={w}"], cwd=ROOT, env=ONE_DEVICE_ENV,
+                         capture_output=True, text=True, timeout=300)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert out.returncode == 1 and len(errors) == 1, out.stderr[-2000:]
+    assert "full log" not in errors[0] and not w.exists(), (errors, os.listdir(tmp_path))
 
 
 def test_truncated_safetensors_is_one_line(launcher, capsys, tmp_path):
@@ -169,7 +236,8 @@ def test_sigterm_during_set_up_exits_cleanly_and_loses_nothing(monkeypatch, tmp_
             time.sleep(5)  # the handler raises inside this sleep
             raise AssertionError("SIGTERM did not stop the set-up")
     monkeypatch.setattr(run_lib, "build_run", Killed)
-    summary = runner.train(c, str(w))
+    # --noresume: a workdir with logged epochs but no checkpoint is otherwise refused
+    summary = runner.train(c, str(w), resume=False)
     assert summary["stopped"] == "SIGTERM"
     assert (w / "metrics.jsonl").read_text() == '{"epoch": 1}\n'  # nothing cut, nothing lost
     assert signal.getsignal(signal.SIGTERM) is not None

@@ -179,6 +179,11 @@ def test_corrupt_latest_checkpoint_falls_back_and_says_so(smoke, full, tmp_path,
     warned = [r.getMessage() for r in caplog.records
               if "checkpoints/4 is" in r.getMessage() and "falling back" in r.getMessage()]
     assert len(warned) == 1, caplog.text[-2000:]
+    # One clean line: TensorStore's own reason, not orbax's wrapper with a pybind repr.
+    assert "\n" not in warned[0] and "bound method" not in warned[0] \
+        and "TensorStore details" not in warned[0], warned[0]
+    if corrupt is _truncate:
+        assert "OUT_OF_RANGE" in warned[0] and "byte range" in warned[0], warned[0]
     assert (w / "checkpoints_corrupt" / "4").is_dir()
     assert summary["epochs"] == 4
     assert epochs_of(w / "metrics.jsonl") == [1, 2, 3, 4]
@@ -251,7 +256,13 @@ def test_killed_after_first_metrics_before_first_checkpoint(smoke, tmp_path, mon
         runner.train(config, str(w), run=run)
     monkeypatch.undo()
     assert epochs_of(w / "metrics.jsonl") == [1] and not os.listdir(w / "checkpoints")
-    runner.train(config, str(w), run=run)
+    logged = (w / "metrics.jsonl").read_bytes()
+    # Nothing to resume from: refused in one line, the logged epoch kept (no silent restart)...
+    with pytest.raises(ValueError, match="no checkpoint to resume from.*--noresume"):
+        runner.train(config, str(w), run=run)
+    assert (w / "metrics.jsonl").read_bytes() == logged
+    # ...and --noresume starts over.
+    runner.train(config, str(w), run=run, resume=False)
     _expect_once(w, 4)
 
 
@@ -268,7 +279,9 @@ def test_killed_during_the_first_save(smoke, tmp_path, monkeypatch):
         runner.train(config, str(w), run=run)
     monkeypatch.undo()
     assert epochs_of(w / "metrics.jsonl") == [1, 2]
-    runner.train(config, str(w), run=run)
+    with pytest.raises(ValueError, match="holds 2 epoch.*no checkpoint"):  # nothing to resume
+        runner.train(config, str(w), run=run)
+    runner.train(config, str(w), run=run, resume=False)
     _expect_once(w, 4)
 
 
@@ -291,8 +304,31 @@ def test_fresh_start_over_leftovers_starts_the_logs_over(smoke, full, tmp_path):
     shutil.rmtree(w / "checkpoints")
     c = load_config()
     c.train.epochs = 2
-    runner.train(c, str(w), run=run)
+    with pytest.raises(ValueError, match="holds 4 epoch"):
+        runner.train(c, str(w), run=run)
+    assert epochs_of(w / "metrics.jsonl") == [1, 2, 3, 4]
+    runner.train(c, str(w), run=run, resume=False)
     _expect_once(w, 2)
+
+
+def test_a_summary_without_metrics_or_checkpoints_is_no_fresh_start(tmp_path):
+    # Refused before anything is built (no run given, none needed); a control: an empty
+    # workdir is a fresh start, which gets as far as building the run.
+    w = tmp_path / "w"
+    w.mkdir()
+    (w / "summary.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds a summary.json but no checkpoint"):
+        runner.train(load_config(), str(w))
+    (w / "summary.json").unlink()
+
+    class Built(Exception):
+        pass
+
+    def build(config):
+        raise Built()
+    import unittest.mock
+    with unittest.mock.patch.object(run_lib, "build_run", build), pytest.raises(Built):
+        runner.train(load_config(), str(w))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,6 +378,33 @@ def load_config_export():
     c = load_config()
     c.train.export_hf = True
     return c
+
+
+@pytest.mark.parametrize("signal_during_save", [True, False])
+def test_a_stop_signal_during_a_save_stops_right_after_it(smoke, tmp_path, monkeypatch,
+                                                          signal_during_save):
+    import signal
+    _, run = smoke
+    c = load_config()
+    c.train.epochs = 2
+    c.train.checkpoint_every = 1
+    real_save = checkpointing.Checkpointer.save
+
+    def save(self, step, tree, meta):
+        if signal_during_save and step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # while checkpoint 1 is being written
+        real_save(self, step, tree, meta)
+    monkeypatch.setattr(checkpointing.Checkpointer, "save", save)
+    summary = runner.train(c, str(tmp_path / "w"), run=run)
+    ck = checkpointing.Checkpointer(str(tmp_path / "w"))
+    steps = ck.all_steps()
+    ck.close()
+    if signal_during_save:  # stopped after epoch 1's save, not after epoch 2
+        assert summary.get("stopped") == "SIGTERM" and summary["epochs"] == 1, summary
+        assert steps == [1] and epochs_of(tmp_path / "w" / "metrics.jsonl") == [1]
+    else:  # control: without the signal the same run goes on to epoch 2
+        assert "stopped" not in summary and summary["epochs"] == 2
+        assert steps == [1, 2]
 
 
 @pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import signal
 from typing import Any, Dict, List, Optional, Tuple
@@ -110,12 +111,28 @@ def _is_disk_full(e: BaseException) -> bool:
         seen.add(id(e))
         if getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e):
             return True
-        e = e.__cause__ or e.__context__
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
     return False
 
 
 def _one_line(e: BaseException, limit: int = 300) -> str:
-    text = " ".join(f"{type(e).__name__}: {e}".split())
+    """The reason `e` gives, in one line: the innermost exception of its chain that says
+    something (orbax wraps TensorStore's own message, e.g. "OUT_OF_RANGE: ... Requested byte
+    range ... is not valid for value of size 1000", in a generic one), without the repr of
+    bound methods or objects that some wrappers append."""
+    chain, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        chain.append(e)
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+    texts = []
+    for x in reversed(chain):  # innermost first
+        text = str(x).split("See full TensorStore details")[0]
+        text = " ".join(re.sub(r"<[^<>]*(?:bound method|object at 0x)[^<>]*>?", "",
+                               text).split()).rstrip(" .:")
+        if text:
+            texts.append(f"{type(x).__name__}: {text}")
+    text = texts[0] if texts else type(chain[-1]).__name__
     return text if len(text) <= limit else text[:limit] + "..."
 
 

@@ -154,7 +154,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, resume: bool = True,
     samples.jsonl and the TensorBoard events are cut to the restored epoch on every start, so
     each epoch is logged exactly once. A SIGTERM or SIGINT before the epoch loop returns at
     once (with "stopped": the signal's name); during it, the loop checkpoints and stops after
-    the epoch.
+    the epoch (one that arrives while a checkpoint is being saved stops the run right after
+    that save). A workdir that holds logged epochs but no checkpoint is refused (ValueError)
+    unless `resume=False`: it cannot be resumed, and starting over would cut its logs.
 
     One run per workdir: the lead process holds `workdir/run.lock` (`workdir_lock`) from before
     anything is read or deleted until the end, so a second run on a live workdir is refused
@@ -202,6 +204,22 @@ def _take_lock(lock: workdir_lock.WorkdirLock, lead: bool) -> None:
         raise error
 
 
+def _refuse_silent_restart(workdir: str) -> None:
+    """ValueError (one line) when `workdir` holds a run's epochs (metrics.jsonl rows or a
+    summary.json) but no checkpoint: resuming is impossible, and starting over would cut
+    those logs, so it takes `--noresume`."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    rows = 0
+    if os.path.exists(path):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            rows = sum(1 for line in f if line.strip())
+    if rows or os.path.exists(os.path.join(workdir, "summary.json")):
+        held = f"{rows} epoch(s) of metrics" if rows else "a summary.json"
+        raise ValueError(f"cannot resume {workdir}: it holds {held} but no checkpoint to "
+                         f"resume from; rerun with --noresume to start over there (its logs "
+                         f"are cut), or use a new --workdir")
+
+
 def _train(config, workdir, resume, progress, stop_after, run, progress_file, guard, lock):
     d = config.distributed
     sharding.maybe_initialize_distributed(
@@ -213,6 +231,8 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
     config_path = os.path.join(workdir, "config.json")
     ckpt = checkpointing.Checkpointer(workdir, keep=int(config.train.keep_checkpoints))
     resuming = resume and ckpt.latest_step is not None
+    if resume and not resuming:
+        _refuse_silent_restart(workdir)
     if not resume and ckpt.latest_step is not None:
         # Starting over: checkpoints of the previous run would be taken for this run's later.
         logging.warning("--noresume: deleting the previous run's checkpoints %s",
@@ -297,6 +317,10 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
             stop = guard.requested or (stop_after is not None and done_here >= stop_after)
             if epoch % every == 0 or last or stop:
                 ckpt.save(epoch, state, {"history": history, "epoch": epoch})
+                if guard.requested and not stop:  # the signal arrived during the save
+                    logging.warning("%s arrived while checkpoint %d was being saved: it is "
+                                    "complete; stopping", guard.signal_name, epoch)
+                    stop = True
             if stop and not last:
                 logging.warning("stopping after epoch %d (%s)", epoch,
                                 guard.signal_name if guard.requested else "stop_after")

@@ -236,11 +236,23 @@ def prompt_template(c, tokenizer, sp: SocialParams, personas, instruction: str,
 
 def _grammar(c, tokenizer, model_config, sp, vocab, n_new: int):
     """The action grammar (constrained mode; None otherwise), after the room checks."""
-    longest_prefix = int(np.max(np.asarray(vocab.prefix_len)))
+    lengths = np.asarray(vocab.prefix_len)
+    longest_prefix = int(np.max(lengths))
     max_text = min(sp.content_len, n_new - longest_prefix - 1)
     if max_text < 1:
-        raise ValueError(f"rollout.max_new_tokens={n_new} leaves no room for text after the "
-                         f"longest action prefix ({longest_prefix} tokens) and a stop token")
+        row = int(np.argmax(lengths))
+        text = tokenizer.decode([int(t) for t in np.asarray(vocab.prefixes)[row, :longest_prefix]])
+        # A numbered label ("comment 16:") grows with the feed: name the key that sized it.
+        why = ""
+        if int(np.asarray(vocab.feed_pos)[row]) >= 0:
+            why = (f", numbered up to society.feed_size={sp.feed_size}"
+                   + (f" x society.feed_comments={sp.feed_comments}"
+                      if bool(np.asarray(vocab.to_comment)[row]) else ""))
+        raise ValueError(
+            f"rollout.max_new_tokens={n_new} leaves no room for text after the longest action "
+            f"prefix ({longest_prefix} tokens: {text.strip()!r}{why}) and a stop token: raise "
+            f"rollout.max_new_tokens to at least {longest_prefix + 2}"
+            + (" or lower society.feed_size" if why else ""))
     if c.agents.action_mode == "tool_call":
         tool_calls.check_tool_call_room(tokenizer, c.agents.actions, sp.feed_size, n_new)
     if c.agents.action_mode != "constrained":
