@@ -155,3 +155,26 @@ def test_benchmark_sources_carry_no_notebook_references():
                 assert not NOTEBOOK.search(f.read()), name
     # Negative control: the pattern catches what it is for.
     assert NOTEBOOK.search("Setting (issue 19 item 5)") and NOTEBOOK.search("the old path")
+
+
+@pytest.mark.parametrize("imports_common", [True, False])
+def test_benchmarks_point_jax_at_the_cpu_before_libtpu_can_start(imports_common):
+    # With libtpu installed and no TPU, a JAX backend started before jaxsocial is imported
+    # lets libtpu print its TPU-host errors: common.py imports jaxsocial first, which points
+    # JAX at the CPU. Control: a bare `import jax` leaves the platform to JAX.
+    pytest.importorskip("libtpu")
+    import subprocess
+
+    from jax._src import hardware_utils
+    if (hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
+            or hardware_utils.has_visible_nvidia_gpu()):
+        pytest.skip("an accelerator is attached: JAX is meant to start its backend")
+    first = "import common" if imports_common else "import jax"
+    code = (f"import os, sys; sys.path.insert(0, {os.path.join(ROOT, 'benchmarks')!r}); "
+            f"{first}; import jax; print(jax.config.jax_platforms)")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = out.stdout.strip().splitlines()[-1]
+    assert (got == "cpu") == imports_common, (got, out.stderr[-2000:])
