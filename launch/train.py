@@ -208,9 +208,10 @@ def main(argv):
             workdir_lock.WorkdirBusy) as e:
         # bad config / resume refused / no good checkpoint / full disk / busy workdir: one line
         logging.info("run failed", exc_info=True)
-        if not isinstance(e, workdir_lock.WorkdirBusy) and _undo_start(
-                workdir, before, bool(config.distributed.enabled)):
-            where = ""  # the refusal left nothing behind, its log included
+        if (not isinstance(e, workdir_lock.WorkdirBusy)
+                and _undo_start(workdir, before, bool(config.distributed.enabled))
+                and not (log_path and os.path.exists(log_path))):
+            where = ""  # the refusal took its own log back with everything else
         console.write(f"error: {_one_line(e)}{where}\n")
         sys.exit(1)
     except Exception as e:  # noqa: BLE001 -- anything else: one line, traceback in the log
