@@ -25,6 +25,16 @@ or not at all; rerunning a finished run rewrites either one if it is missing or 
 The console shows a progress bar with each epoch's headline metrics, warnings of this project
 and one-line errors; everything else (absl/orbax/XLA logs, tracebacks) goes to
 workdir/train.log. `--verbose` sends everything to the console instead.
+
+Multi-process runs (`--config.distributed.enabled=True`, the same command on every host with
+its own `process_id`; process p > 0 logs to train.p.log): when a process dies (kill -9, a
+crash, a host going down), the others stop with exit status 1 and one line naming the lost
+process and the checkpoint to resume from ("error: lost process 1 of 2: ...; resume from
+checkpoint 3 by rerunning the same commands on every process"), within the heartbeat timeout
+(`--heartbeat_timeout`, 30 s: the coordination service declares a process dead when its
+heartbeats stop that long; at once when process 0, the service's host, is the lost one).
+Rerunning every process's command resumes. With `--verbose` the console shows JAX's own
+fatal message instead and the process aborts (jaxsocial.train.peers).
 """
 
 import os
@@ -59,6 +69,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from jaxsocial import cli
+from jaxsocial.train import peers
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py",
                                           "Path to a config file (configs/*.py[:variant]).",
@@ -68,6 +79,9 @@ _RESUME = flags.DEFINE_bool("resume", True, "Resume from the workdir's latest ch
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Full logs on the console instead of only in "
                              "workdir/train.log.")
+_HEARTBEAT = flags.DEFINE_integer("heartbeat_timeout", peers.HEARTBEAT_TIMEOUT_S,
+                                  "Multi-process runs: seconds without a heartbeat after which "
+                                  "a process counts as lost and the others stop.", lower_bound=1)
 
 
 def _one_line(text: str, limit: int = 400) -> str:
@@ -166,6 +180,25 @@ def _undo_start(workdir: str, before, distributed: bool) -> bool:
     return True
 
 
+def _await_lost_peer(e: BaseException, distributed: bool) -> None:
+    """A collective that failed because a peer process vanished (Gloo: "Connection reset by
+    peer"): wait for the coordination service's verdict, which ends this process with the
+    lost-peer line (peers), rather than write a second, cryptic error line."""
+    if distributed and peers.lost_peer_error(e):
+        logging.info("a peer looks lost (%s): waiting up to %d s for the coordination "
+                     "service's verdict", _one_line(e), peers.heartbeat_timeout_s() + 10)
+        peers.await_verdict()
+
+
+def _fail(console, line: str, distributed: bool) -> None:
+    """The run's one error line and exit status 1; a multi-process run exits at once
+    (peers.exit_with: no shutdown barrier with peers that wait for this process)."""
+    if distributed:
+        peers.exit_with(console, line)
+    console.write(line + "\n")
+    sys.exit(1)
+
+
 def main(argv):
     del argv
     config = _CONFIG.value
@@ -196,6 +229,12 @@ def main(argv):
         logging.set_verbosity(logging.INFO)
         py_logging.getLogger().addHandler(_ConsoleHandler(console))
     where = f" (full log: {log_path})" if log_path else ""
+    distributed = bool(config.distributed.enabled or os.environ.get("JAX_COORDINATOR_ADDRESS"))
+    if distributed:  # a lost peer: one line and exit 1 (peers), not SIGABRT
+        peers.set_heartbeat_timeout(_HEARTBEAT.value)
+        if log_path:
+            peers.install(console, workdir, log_path, config.distributed.get("process_id", -1),
+                          config.distributed.get("num_processes", -1), _RESUME.value, where)
     # Imported outside the try: a SIGTERM during the import exits 0 through the start-up
     # handler, and the except clause below can always name checkpointing.CheckpointError.
     from jaxsocial.train import checkpointing, runner
@@ -206,18 +245,18 @@ def main(argv):
         _PHASE = "after the run returned (everything is saved)"
     except (ValueError, FileNotFoundError, OSError, checkpointing.CheckpointError,
             workdir_lock.WorkdirBusy) as e:
+        _await_lost_peer(e, distributed)
         # bad config / resume refused / no good checkpoint / full disk / busy workdir: one line
         logging.info("run failed", exc_info=True)
         if (not isinstance(e, workdir_lock.WorkdirBusy)
                 and _undo_start(workdir, before, bool(config.distributed.enabled))
                 and not (log_path and os.path.exists(log_path))):
             where = ""  # the refusal took its own log back with everything else
-        console.write(f"error: {_one_line(e)}{where}\n")
-        sys.exit(1)
+        _fail(console, f"error: {_one_line(e)}{where}", distributed)
     except Exception as e:  # noqa: BLE001 -- anything else: one line, traceback in the log
+        _await_lost_peer(e, distributed)
         logging.info("run failed", exc_info=True)
-        console.write(f"error: {type(e).__name__}: {_one_line(e)}{where}\n")
-        sys.exit(1)
+        _fail(console, f"error: {type(e).__name__}: {_one_line(e)}{where}", distributed)
     stopped = summary.get("stopped")
     if stopped and summary["epochs"] is None:
         console.write(f"stopped by {stopped} before the first epoch (nothing to save)\n")

@@ -12,7 +12,9 @@ resume, and read it where it is used (docs/architecture.md).
 `resume_differences(stored, config)` compares the config a workdir was trained with
 (`workdir/config.json`) with the new one. Only the keys in `SAFE_ON_RESUME` may change on
 resume (they change neither shapes nor what the trained numbers mean), and only with
-`--config.train.allow_config_change=True`; every other difference refuses the resume.
+`--config.train.allow_config_change=True`; every other difference refuses the resume. The keys in
+`IGNORED_ON_RESUME` are not compared (`distributed.*`: each process of a multi-process run has its
+own process id, and a rerun may use another coordinator address).
 """
 
 from __future__ import annotations
@@ -358,9 +360,10 @@ SAFE_ON_RESUME = (
     "train.text_metrics_posts",
     "train.preflight",        # a check before the run, not part of it
     "mesh.shape",             # restore re-shards onto the new mesh
-    "distributed.",           # prefix: addresses and process ids of the new job
 )
-IGNORED_ON_RESUME = ("train.allow_config_change",)
+# Not compared: the job's addresses and process ids (prefix) differ between the processes of
+# one multi-process run (config.json holds process 0's), so the same commands resume.
+IGNORED_ON_RESUME = ("train.allow_config_change", "distributed.")
 
 # Keys a fork (`train.fork_from`) may set differently from the run it starts from: the
 # society's dynamics (the recommender, its weights, the crowd's reaction and activity rates;
@@ -410,7 +413,7 @@ def _differences(stored: Dict[str, Any], config: ml_collections.ConfigDict, may_
         old.pop(f"rl.{name}", None)
     allowed, refused = {}, {}
     for key in sorted(set(old) | set(new)):
-        if key in IGNORED_ON_RESUME or old.get(key) == new.get(key):
+        if _matches(key, IGNORED_ON_RESUME) or old.get(key) == new.get(key):
             continue
         if key not in old and key in defaults and new.get(key) == defaults[key]:
             continue

@@ -35,6 +35,7 @@ from jaxsocial.models.partitioning import (  # noqa: F401 (re-exported: the rule
     logical_to_spec,
     row_axes,
 )
+from jaxsocial.train import peers
 
 
 def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> Tuple[int, ...]:
@@ -173,6 +174,9 @@ def maybe_initialize_distributed(enabled: Optional[bool] = None, **kwargs) -> bo
     coordinator_address, num_processes, process_id, local_device_ids are passed through, None
     or empty values left to JAX's auto-detection on TPU pods / SLURM / Open MPI).
     Environment: a coordinator address in JAX_COORDINATOR_ADDRESS.
+    Unless given, the heartbeat timeout is `peers.heartbeat_timeout_s()` (30 s; JAX's own is
+    100 s): a process whose heartbeats stop that long is declared dead and every other process
+    stops (launch/train.py turns that into one `error:` line, `peers`).
     Returns whether JAX now runs multi-process.
     """
     if enabled is None:
@@ -181,10 +185,13 @@ def maybe_initialize_distributed(enabled: Optional[bool] = None, **kwargs) -> bo
         return False
     if jax.distributed.is_initialized():
         return jax.process_count() > 1
-    jax.distributed.initialize(**{k: v for k, v in kwargs.items() if v not in (None, "", -1)})
-    logging.info("jax.distributed: process %d of %d, %d local / %d global devices",
-                 jax.process_index(), jax.process_count(), jax.local_device_count(),
-                 jax.device_count())
+    kwargs = {k: v for k, v in kwargs.items() if v not in (None, "", -1)}
+    kwargs.setdefault("heartbeat_timeout_seconds", peers.heartbeat_timeout_s())
+    jax.distributed.initialize(**kwargs)
+    logging.info("jax.distributed: process %d of %d, %d local / %d global devices, heartbeat "
+                 "timeout %d s", jax.process_index(), jax.process_count(),
+                 jax.local_device_count(), jax.device_count(),
+                 kwargs["heartbeat_timeout_seconds"])
     return jax.process_count() > 1
 
 
