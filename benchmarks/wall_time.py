@@ -8,7 +8,9 @@ README's commands take (the main job, the SmolLM2 run, the test suite) comes fro
 The command runs once, from the repository root, with this process's environment; its output
 passes through. Recorded figures: `wall_s` (time.monotonic around the command), `exit_code`,
 `peak_rss_gib` (the largest resident set of the command or any process it waited for:
-`getrusage(RUSAGE_CHILDREN).ru_maxrss`), `load_avg_1m_start` (the machine's 1-minute load when
+`getrusage(RUSAGE_CHILDREN).ru_maxrss`), `peak_tree_rss_gib` (the largest sum of the resident
+sets of the command and all its descendants, sampled every 0.5 s: pytest's workers together),
+`load_avg_1m_start` (the machine's 1-minute load when
 the command started: above about 0.5 on an idle machine, something else was running), and, with
 `--run_dir` (a `launch/train.py` workdir), the run's per-epoch story from its metrics.jsonl
 (likes per post, posts, total likes, zero-like share, crowd_interest_sim, do_nothing answers,
@@ -28,6 +30,7 @@ import re
 import resource
 import subprocess
 import sys
+import threading
 import time
 
 from common import NO_RECORD_HELP, ROOT, finish
@@ -89,6 +92,45 @@ def pytest_counts(last_line: str) -> dict:
     return counts
 
 
+def tree_rss_bytes(root: int) -> int:
+    """The resident sets of process `root` and all its descendants, summed (Linux /proc)."""
+    children = collections.defaultdict(list)
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children[ppid].append(int(name))
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, ()))
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                total += next((int(line.split()[1]) * 1024 for line in f
+                               if line.startswith("VmRSS:")), 0)
+        except OSError:
+            continue
+    return total
+
+
+class TreeSampler(threading.Thread):
+    """The largest `tree_rss_bytes(pid)` seen, sampled every `interval` seconds."""
+
+    def __init__(self, pid: int, interval: float = 0.5):
+        super().__init__(daemon=True)
+        self.pid, self.interval, self.peak = pid, interval, 0
+        self.done = threading.Event()
+
+    def run(self):
+        while not self.done.is_set():
+            if os.path.isdir("/proc"):
+                self.peak = max(self.peak, tree_rss_bytes(self.pid))
+            self.done.wait(self.interval)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
@@ -111,23 +153,29 @@ def main(argv=None):
     last = ""
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1)
+    tree = TreeSampler(proc.pid)
+    tree.start()
     for line in proc.stdout:
         sys.stdout.write(line)
         if line.strip():
             last = line.strip()
     code = proc.wait()
     wall = time.monotonic() - t0
+    tree.done.set()
+    tree.join()
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
 
     figures = {"wall_s": round(wall, 1), "wall_min": round(wall / 60, 2),
                "exit_code": code, "peak_rss_gib": round(peak_kib / 2**20, 2),
+               "peak_tree_rss_gib": round(tree.peak / 2**30, 2),
                "load_avg_1m_start": round(load, 2), "measured_command": command,
                "last_line": last}
     figures.update(pytest_counts(last))
     if args.run_dir:
         figures["run"] = run_story(os.path.join(ROOT, args.run_dir)
                                    if not os.path.isabs(args.run_dir) else args.run_dir)
-    print(f"wall_s={wall:.1f} exit_code={code} peak_rss_gib={figures['peak_rss_gib']}")
+    print(f"wall_s={wall:.1f} exit_code={code} peak_rss_gib={figures['peak_rss_gib']} "
+          f"peak_tree_rss_gib={figures['peak_tree_rss_gib']}")
     finish(args.name, figures, record=not args.no_record)
     sys.exit(code)
 

@@ -61,18 +61,19 @@ def refusal(c, machine: bool = True) -> str:
     ({"agents.personas": (persona(10_000),)}, {"agents.personas": (persona(2_213),)},
      ("agents.personas", "6240 tokens", "MAX_PERSONA_TOKENS=2048")),
     # Every agent acts each tick: 1e7 prompts at once (set up for minutes before); per device
-    # on the 8 devices, 1,000 agents need ~19 GiB, 2,000 ~39 GiB.
+    # on the 8 devices (the update in automatic micro-batches of rl.micro_tokens), 32,000
+    # agents fit, 64,000 need ~26 GiB.
     ({"agents.num_agents": 10_000_000, "society.num_users": 10_000_000},
      {"agents.num_agents": 1_000, "society.num_users": 1_000},
      ("agents.num_agents=10000000", "23.5 GiB of RAM")),
-    ({"agents.num_agents": 2_000, "society.num_users": 2_000},
-     {"agents.num_agents": 1_000, "society.num_users": 1_000},
-     ("agents.num_agents=2000", "23.5 GiB of RAM")),
-    # 1e6 new tokens (an XLA OOM after ~56 s); 4,000 need ~11 GiB, 10,000 ~56 GiB.
+    ({"agents.num_agents": 64_000, "society.num_users": 64_000},
+     {"agents.num_agents": 32_000, "society.num_users": 32_000},
+     ("agents.num_agents=64000", "23.5 GiB of RAM")),
+    # 1e6 new tokens (an XLA OOM after ~56 s); 10,000 fit, 20,000 need ~54 GiB.
     ({"rollout.max_new_tokens": 1_000_000}, {"rollout.max_new_tokens": 4_000},
      ("rollout.max_new_tokens=1000000", "23.5 GiB of RAM")),
-    ({"rollout.max_new_tokens": 10_000}, {"rollout.max_new_tokens": 4_000},
-     ("rollout.max_new_tokens=10000",)),
+    ({"rollout.max_new_tokens": 20_000}, {"rollout.max_new_tokens": 10_000},
+     ("rollout.max_new_tokens=20000",)),
     # 1e9 post slots (an XLA OOM after ~56 s); 8e7 need ~18 GiB, 1.6e8 ~35 GiB.
     ({"society.post_capacity": 1_000_000_000}, {"society.post_capacity": 80_000_000},
      ("society.post_capacity=1000000000", "23.5 GiB of RAM")),

@@ -11,7 +11,7 @@ from jaxsocial.rl import grpo, optim, ppo
 from jaxsocial.train import config as run_config
 
 FIXED = dict(stop_token_ids=(2,), temperature=0.9, top_k=3, top_p=0.8)
-LOOP_KEYS = ("value_mode", "lora_rank", "lora_alpha")
+LOOP_KEYS = run_config.RL_LOOP_KEYS
 
 
 def _build(rl, **kw):

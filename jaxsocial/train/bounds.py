@@ -267,6 +267,10 @@ def need(config, sh: Shapes, cfg, mesh_shape, rl) -> Need:
 
     c = config
     rows = sh.ticks * sh.active
+    if int(rl.micro_batch or 0) == 0:  # automatic: as the set-up resolves it for these sizes
+        rl = rl.replace(micro_batch=run_config.micro_batch(
+            c, rows // max(1, int(rl.num_minibatches)), sh.prompt_len + sh.max_new,
+            mesh_shape))
     sp = society.make_params(**run_config.society_fields(c), num_agents=sh.num_agents)
     sp = sp.replace(num_users=sh.num_users, post_capacity=sh.post_capacity,
                     content_len=sh.content_len, feed_size=sh.feed_size,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any, Dict, Tuple
 
 import ml_collections
@@ -119,14 +120,18 @@ def base_config() -> ml_collections.ConfigDict:
     ))
     # Every PPOConfig / GRPOConfig field under its own name, with the dataclass defaults
     # (shared fields: PPO's; table in docs/rl.md): learning_rate=3e-6, ppo_epochs=4,
-    # num_minibatches=1, micro_batch=0 (rows per gradient-accumulation micro-batch; 0 = the
-    # whole minibatch), logits_chunk=0 (auto), clip_eps=0.2, kl_coef=0.05 (adaptive_kl: its
-    # start), lr_schedule, clip_eps_high, kl_target, loss_aggregation, ... Sampling fields come
-    # from c.rollout, reward_norm from c.reward.normalize.
+    # num_minibatches=1, micro_batch=0 (rows per gradient-accumulation micro-batch and scoring
+    # chunk; 0 = chosen from rl.micro_tokens: `micro_batch`), logits_chunk=0 (auto),
+    # clip_eps=0.2, kl_coef=0.05 (adaptive_kl: its start), lr_schedule, clip_eps_high,
+    # kl_target, loss_aggregation, ... Sampling fields come from c.rollout, reward_norm from
+    # c.reward.normalize.
     c.rl = ml_collections.ConfigDict(dict(
         algo="ppo",          # "ppo" | "grpo"
         value_mode="head",   # PPO critic: "head" | "critic"
         lora_rank=0, lora_alpha=16.0,  # lora_rank > 0: train adapters only (ref = base)
+        # rl.micro_batch=0 (and grad_accum_steps=1): rows per micro-batch chosen so that one
+        # holds at most this many tokens per data shard (`micro_batch`)
+        micro_tokens=MICRO_TOKENS,
         **run_config_fields()))
     c.rl.group_size = 0      # GRPO: 0 = the agents acting in one tick form a group
     c.train = ml_collections.ConfigDict(dict(
@@ -330,18 +335,66 @@ def prompt_text(config, tool_instruction) -> Tuple[str, str]:
             str(_get(config, "agents.tool_footer", "") or footer))
 
 
-def rl_config(config: ml_collections.ConfigDict, active: int):
+# The rl block's keys that are no PPOConfig / GRPOConfig field: the loop reads them itself.
+RL_LOOP_KEYS = ("value_mode", "lora_rank", "lora_alpha", "micro_tokens")
+
+# Tokens per data shard in one automatic micro-batch (rl.micro_batch=0). The update keeps
+# every layer's [rows, heads, seq, seq] attention for its backward (about 47 MB a row for the
+# demo's 592-token rows), and on the CPU a micro-batch of 4-16 such rows trains as fast as
+# the whole batch at once (docs/train.md, "Memory").
+MICRO_TOKENS = 4096
+
+
+def micro_batch(config: ml_collections.ConfigDict, rows: int, seq_len: int,
+                mesh_shape=None) -> int:
+    """Rows per gradient micro-batch (and per scoring chunk) for minibatches of `rows` rows
+    of `seq_len` tokens (prompt + response) on a mesh of `mesh_shape` (data, fsdp, tensor).
+
+    `rl.micro_batch` > 0, or `rl.grad_accum_steps` > 1, is the user's choice and is returned
+    as set (0 with grad_accum_steps: the minibatch split that many ways). Otherwise
+    (automatic): the largest divisor m of `rows` with m * seq_len <= rl.micro_tokens tokens
+    per data shard, a multiple of the data shards the rows split over (and of
+    `rl.prompt_group`, where one divides the rows), at least one row per shard; at most
+    `rows` (all of them at once: micro_tokens <= 0)."""
+    rl = config.rl
+    if int(rl.micro_batch or 0) > 0 or int(rl.get("grad_accum_steps", 1)) > 1:
+        return int(rl.micro_batch or 0)
+    rows, seq_len = max(1, int(rows)), max(1, int(seq_len))
+    budget = int(rl.get("micro_tokens", MICRO_TOKENS))
+    if budget <= 0:
+        return rows
+    from jaxsocial.models import partitioning
+    sizes = dict(zip(partitioning.AXES, tuple(mesh_shape or (1, 1, 1))))
+    shards = math.prod(sizes[a] for a in partitioning.row_axes(sizes, "batch", rows))
+    step = shards
+    group = int(rl.get("prompt_group", 0) or 0)
+    if group > 1 and rows % math.lcm(step, group) == 0:
+        step = math.lcm(step, group)
+    fits = [m for m in range(step, rows + 1, step)
+            if rows % m == 0 and m * seq_len <= budget * shards]
+    return max(fits) if fits else step
+
+
+def rl_config(config: ml_collections.ConfigDict, active: int, seq_len: int = 0,
+              mesh_shape=None):
     """The run's PPOConfig / GRPOConfig from `config.rl` (`from_run_config`), sampling from
     `config.rollout`, PPO's reward_norm from `config.reward.normalize`; `active` agents per
     tick are GRPO's default group (`rl.group_size=0`). The stop ids are the caller's (the
-    tokenizer's; () for sizing)."""
+    tokenizer's; () for sizing). seq_len > 0 (prompt + response tokens): an automatic
+    `rl.micro_batch` is resolved (`micro_batch`, for minibatches of ticks x active /
+    num_minibatches rows on `mesh_shape`); 0 leaves it as set."""
     c = config
     group = int(_get(c, "rl.group_size", 0) or 0) or active
+    fixed = {}
+    if seq_len > 0:
+        rows = int(c.rollout.ticks_per_epoch) * active // max(1, int(c.rl.num_minibatches))
+        fixed["micro_batch"] = micro_batch(c, rows, seq_len, mesh_shape)
     return from_run_config(
-        c.rl, loop_keys=("value_mode", "lora_rank", "lora_alpha"), stop_token_ids=(),
-        temperature=temperature(c), top_k=int(c.rollout.top_k),
+        c.rl, loop_keys=RL_LOOP_KEYS,
+        stop_token_ids=(), temperature=temperature(c), top_k=int(c.rollout.top_k),
         top_p=float(c.rollout.top_p), group_size=group,
-        reward_norm="running" if _get(c, "reward.normalize") == "running" else "none")
+        reward_norm="running" if _get(c, "reward.normalize") == "running" else "none",
+        **fixed)
 
 
 # ----------------------------------------------------------------------------------------------

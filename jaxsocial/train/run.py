@@ -70,6 +70,8 @@ class Run:
     view: Any             # jitted fns.view
     epoch: Any            # (state, grammar, encoder) -> (state, update metrics, view), donated
     traces: _Traces
+    # `compile_epoch`'s executable, once asked for (then `run_epoch` runs it: one compile)
+    compiled: dict = dataclasses.field(default_factory=dict)
 
     @property
     def config(self) -> ml_collections.ConfigDict:
@@ -90,11 +92,21 @@ class Run:
     def place(self, state: RunState) -> RunState:
         return setup_lib.place(self.setup, state)
 
+    def compile_epoch(self, state: RunState):
+        """The one-program epoch compiled for `state`'s shapes and shardings (XLA's
+        `memory_analysis()` of it is `fit.fit_run`'s memory model); later epochs run this
+        executable."""
+        if "epoch" not in self.compiled:
+            self.compiled["epoch"] = self.epoch.lower(
+                state, self.setup.grammar, self.encoder).compile()
+        return self.compiled["epoch"]
+
     def run_epoch(self, state: RunState) -> Tuple[RunState, Dict[str, Any], List[dict]]:
         """Rollout + reward + update. Returns (new state, metrics dict, text samples)."""
         if self.setup.fused:
             t0 = time.perf_counter()
-            new, upd, view = self.epoch(state, self.setup.grammar, self.encoder)
+            epoch = self.compiled.get("epoch", self.epoch)
+            new, upd, view = epoch(state, self.setup.grammar, self.encoder)
             jax.block_until_ready(new.train.step)
             wall = t_roll = time.perf_counter() - t0
             bonus = None

@@ -19,7 +19,7 @@ from absl import logging
 from tqdm import tqdm
 
 from jaxsocial.models import checkpoint_hf
-from jaxsocial.train import checkpointing, checks, host, report, sharding, workdir_lock
+from jaxsocial.train import checkpointing, checks, fit, host, report, sharding, workdir_lock
 from jaxsocial.train import config as run_config
 from jaxsocial.train import run as run_lib
 from jaxsocial.train import run_log as log_lib
@@ -242,6 +242,9 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
     fork = None if resuming else fork_source(config, workdir)
     run = run if run is not None else run_lib.build_run(config)
     state = run.init_state()
+    if run.setup.fused:  # compiled and checked against the machine before anything is written
+        run, _, prediction = fit.fit_run(run, state)
+        logging.info("memory: %s", prediction.line())
     history = []
     restored_epoch = 0
     if fork is not None:

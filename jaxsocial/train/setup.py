@@ -193,7 +193,7 @@ def build_setup(config: ml_collections.ConfigDict, mesh=None, *, check_machine: 
         decode_buckets=int(c.rollout.get("decode_buckets", 1)))
     # with cohorts each trainable cohort's update sees its own rows: a tick is its acting agents
     rl_config = _rl_config(c, active if cohorts is None else cohorts.active[cohorts.trained[0]],
-                           stop_ids)
+                           stop_ids, template.max_len + n_new, tuple(mesh.shape.values()))
     pdef = _policy_def(c, model_config)
     old_logprobs = policy_lib.old_logprobs_source(pdef, rl_config, True)
     make = grpo_lib.make_update if c.rl.algo == "grpo" else ppo_lib.make_update
@@ -221,6 +221,19 @@ def build_setup(config: ml_collections.ConfigDict, mesh=None, *, check_machine: 
     if check_machine:
         check_memory(setup)
     return setup
+
+
+def with_micro_batch(setup: Setup, micro: int) -> Setup:
+    """`setup` with `micro` rows per gradient micro-batch and scoring chunk: its RL config,
+    update and old log-prob / value sources rebuilt (`fit.fit_run` halving an automatic
+    micro-batch that does not fit)."""
+    rl_config = setup.rl_config.replace(micro_batch=int(micro))
+    make = grpo_lib.make_update if setup.config.rl.algo == "grpo" else ppo_lib.make_update
+    old_logprobs = policy_lib.old_logprobs_source(setup.pdef, rl_config, True)
+    return dataclasses.replace(
+        setup, rl_config=rl_config, update=make(rl_config, setup.pdef, grammar=setup.grammar),
+        old_logprobs=old_logprobs,
+        old_values=policy_lib.old_values_source(setup.pdef, rl_config, old_logprobs))
 
 
 def prompt_template(c, tokenizer, sp: SocialParams, personas, instruction: str,
@@ -262,10 +275,12 @@ def _grammar(c, tokenizer, model_config, sp, vocab, n_new: int):
     return vocab.grammar(model_config.vocab_size, max_text, specials)
 
 
-def _rl_config(c, active: int, stop_ids):
-    """PPOConfig / GRPOConfig of the run (`run_config.rl_config`) with the tokenizer's stop
-    ids; a GRPO group must split the agents acting in one tick evenly."""
-    cfg = run_config.rl_config(c, active).replace(stop_token_ids=tuple(stop_ids))
+def _rl_config(c, active: int, stop_ids, seq_len: int, mesh_shape):
+    """PPOConfig / GRPOConfig of the run (`run_config.rl_config`, its micro-batch resolved for
+    rows of `seq_len` tokens on `mesh_shape`) with the tokenizer's stop ids; a GRPO group must
+    split the agents acting in one tick evenly."""
+    cfg = run_config.rl_config(c, active, seq_len, mesh_shape).replace(
+        stop_token_ids=tuple(stop_ids))
     if c.rl.algo == "grpo" and active % cfg.group_size:
         raise ValueError(f"rl.group_size={cfg.group_size} must divide the agents acting per "
                          f"tick ({active}): a group never spans two ticks")

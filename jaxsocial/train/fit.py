@@ -1,0 +1,173 @@
+"""Will this run fit? Asked of the compiler: the epoch program compiled (as it must be to run),
+XLA's `memory_analysis()` of it, plus what the process already holds.
+
+    run, compiled, pred = fit.fit_run(run, state)   # before the first epoch; may refuse
+
+On the CPU the devices live in this process and share its RAM, so the run's peak is predicted
+as the resident set once the run is built (the runtime, the weights, the text banks, the
+state, the compiled code) plus, per local device, the program's temporaries and the outputs
+that do not reuse a donated argument's buffer (the arguments, the state, are in that resident
+set already). On a GPU or TPU it is one device's arguments + outputs - aliased + temporaries
+against that device's memory. A prediction over the machine's memory refuses the run in one
+line; with an automatic micro-batch (`rl.micro_batch=0`, `train.config.micro_batch`) the
+micro-batch is halved first, and the smaller program compiled and asked again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Optional, Tuple
+
+from absl import logging
+
+from jaxsocial.train import memory
+
+GiB = 2 ** 30
+
+
+def resident_bytes() -> int:
+    """This process's resident set (/proc/self/status VmRSS; 0 where there is no /proc)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next((int(line.split()[1]) * 1024 for line in f
+                         if line.startswith("VmRSS:")), 0)
+    except OSError:
+        return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """A compiled epoch's predicted peak against the machine, bytes. resident: the process's
+    resident set when asked (CPU; 0 on a GPU/TPU); program: what the program adds (CPU: its
+    temporaries and unaliased outputs on every local device; GPU/TPU: one device's arguments
+    + outputs - aliased + temporaries); peak = resident + program; limit: the machine's RAM
+    or one device's memory (`kind`)."""
+
+    resident: int
+    program: int
+    temp: int
+    arguments: int
+    outputs: int
+    alias: int
+    devices: int
+    limit: int
+    kind: str
+
+    @property
+    def peak(self) -> int:
+        return self.resident + self.program
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.limit
+
+    def line(self) -> str:
+        held = (f"{self.resident / GiB:.2f} GiB held by the process + "
+                if self.resident else "")
+        each = f" on each of {self.devices} devices" if self.devices > 1 else ""
+        return (f"{held}{self.program / GiB:.2f} GiB for the epoch program (XLA: temporaries "
+                f"{self.temp / GiB:.2f}, outputs {self.outputs / GiB:.2f}, arguments "
+                f"{self.arguments / GiB:.2f}, aliased {self.alias / GiB:.2f} GiB{each}) = "
+                f"{self.peak / GiB:.2f} GiB of this machine's {self.limit / GiB:.1f} GiB of "
+                f"{self.kind}")
+
+
+def predict(compiled: Any, devices: int, machine: Optional[Tuple[int, str, bool]] = None
+            ) -> Prediction:
+    """The `Prediction` of a compiled program run on `devices` local devices (CPU: they share
+    the RAM). machine: `memory.machine_memory()` unless given."""
+    ma = compiled.memory_analysis()
+    temp, args = int(ma.temp_size_in_bytes), int(ma.argument_size_in_bytes)
+    out, alias = int(ma.output_size_in_bytes), int(ma.alias_size_in_bytes)
+    limit, kind, per_device = machine or memory.machine_memory()
+    if per_device:
+        return Prediction(0, args + out - alias + temp, temp, args, out, alias, 1, limit, kind)
+    n = max(1, int(devices))
+    return Prediction(resident_bytes(), n * (temp + max(0, out - alias)), temp, args, out,
+                      alias, n, limit, kind)
+
+
+def _auto(config) -> bool:
+    """Whether the micro-batch is the run's to choose (no rl.micro_batch, rl.grad_accum_steps
+    nor rl.micro_tokens=0, "all rows at once", of the user's)."""
+    rl = config.rl
+    return (int(rl.micro_batch or 0) == 0 and int(rl.get("grad_accum_steps", 1)) <= 1
+            and int(rl.get("micro_tokens", 1)) > 0)
+
+
+def _smaller(rows: int, micro: int, step: int) -> int:
+    """The largest divisor of `rows` below `micro` that is a multiple of `step` (0: none)."""
+    fits = [m for m in range(step, micro, step) if rows % m == 0 and m <= micro // 2]
+    return max(fits) if fits else 0
+
+
+def fit_run(run, state) -> Tuple[Any, Any, Prediction]:
+    """(run, compiled epoch, prediction) for `run` about to train from `state`: the epoch
+    compiled for `state`'s shapes and shardings (`Run.compile_epoch`) and checked against the
+    machine. An automatic micro-batch that does not fit is halved (the run rebuilt with
+    `setup.with_micro_batch`) until it does; a run that cannot fit raises ValueError in one
+    line naming what it needs and the keys that shrink it."""
+    from jaxsocial.train import run as run_lib
+    from jaxsocial.train import setup as setup_lib
+
+    devices = len(run.mesh.local_devices)
+    while True:
+        compiled = run.compile_epoch(state)
+        pred = predict(compiled, devices)
+        setup = run.setup
+        micro = int(setup.rl_config.micro_batch or 0)
+        logging.info("memory: %s (micro-batch %d)", pred.line(), micro)
+        if pred.fits:
+            return run, compiled, pred
+        rows = _minibatch_rows(setup)
+        smaller = (_smaller(rows, micro or rows, _row_step(setup, rows))
+                   if _auto(setup.config) else 0)
+        if not smaller:
+            raise ValueError(_refusal(setup, pred, micro or rows))
+        logging.warning("the epoch in micro-batches of %d rows would not fit (%s): trying %d",
+                        micro or rows, pred.line(), smaller)
+        new = setup_lib.with_micro_batch(setup, smaller)
+        run = run_lib.Run(setup=new, weights=run.weights, text=run.text,
+                          **run_lib.programs(new, run.weights, run.text))
+
+
+def _auto(config) -> bool:
+    """Whether the micro-batch is the run's to choose (no rl.micro_batch, rl.grad_accum_steps
+    nor rl.micro_tokens=0, "all rows at once", of the user's)."""
+    rl = config.rl
+    return (int(rl.micro_batch or 0) == 0 and int(rl.get("grad_accum_steps", 1)) <= 1
+            and int(rl.get("micro_tokens", 1)) > 0)
+
+
+def _smaller(rows: int, micro: int, step: int) -> int:
+    """The largest divisor of `rows` at most half of `micro`, a multiple of `step` (0: none)."""
+    fits = [m for m in range(step, micro // 2 + 1, step) if rows % m == 0]
+    return max(fits) if fits else 0
+
+
+def _trained_active(setup) -> int:
+    co = setup.cohorts
+    return setup.active if co is None else co.active[co.trained[0]]
+
+
+def _minibatch_rows(setup) -> int:
+    c = setup.config
+    return (int(c.rollout.ticks_per_epoch) * _trained_active(setup)
+            // max(1, int(c.rl.num_minibatches)))
+
+
+def _row_step(setup, rows: int) -> int:
+    from jaxsocial.models import partitioning
+    sizes = dict(setup.mesh.shape)
+    return math.prod(sizes[a] for a in partitioning.row_axes(sizes, "batch", rows))
+
+
+def _refusal(setup, pred: Prediction, micro: int) -> str:
+    m = setup.config.model
+    what = (f"model.checkpoint={m.checkpoint!r}" if m.checkpoint else
+            f"model.preset={m.preset!r}") + f" on mesh.shape={tuple(setup.mesh.shape.values())}"
+    return (f"{what}: the epoch would need {pred.line()} (micro-batches of {micro} rows); "
+            f"shard more (mesh.shape), train LoRA adapters (rl.lora_rank), set model.remat / "
+            f"model.attention_chunk, lower rl.micro_batch, or act with fewer agents per tick "
+            f"(agents.active_per_tick)")
