@@ -153,7 +153,7 @@ def profile(config, epochs: int, workdir: str, sampler: Sampler) -> dict:
         raise SystemExit("error: this config runs three programs (the code bonus); the profile "
                          "drives the one-program epoch only")
     with sampler.phase("compile epoch"):
-        compiled = run.epoch.lower(state, setup.grammar, run.encoder).compile()
+        compiled = run.compile_epoch(state)  # as runner.train compiles it (fit.fit_run)
     figures["epoch_program"] = program_memory(compiled)
     ckpt = checkpointing.Checkpointer(workdir, keep=1)
     for e in range(1, epochs + 1):

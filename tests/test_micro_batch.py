@@ -69,3 +69,14 @@ def test_the_automatic_micro_batch_trains_as_the_whole_batch():
     _, params_half, _ = _first_epoch(learning_rate=5e-4)
     assert not all(np.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in
                    zip(jax.tree.leaves(params_half), jax.tree.leaves(params_whole)))
+
+
+def test_the_micro_batch_may_change_on_resume():
+    # Memory against time only: a run resumed on a smaller machine may use smaller micro-batches.
+    c = load_config_file("configs/demo.py", "smoke")
+    stored = run_config.as_plain(c)
+    c.rl.micro_batch, c.rl.micro_tokens = 8, 1024
+    safe, unsafe = run_config.resume_differences(stored, c)
+    assert set(safe) == {"rl.micro_batch", "rl.micro_tokens"} and not unsafe
+    c.rl.ppo_epochs = 3  # control: a key that changes the update still refuses
+    assert "rl.ppo_epochs" in run_config.resume_differences(stored, c)[1]

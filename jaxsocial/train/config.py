@@ -413,6 +413,8 @@ SAFE_ON_RESUME = (
     "train.text_metrics_posts",
     "train.preflight",        # a check before the run, not part of it
     "mesh.shape",             # restore re-shards onto the new mesh
+    "rl.micro_batch",         # memory against time: the same update up to float32 rounding
+    "rl.micro_tokens",
 )
 # Not compared: the job's addresses and process ids (prefix) differ between the processes of
 # one multi-process run (config.json holds process 0's), so the same commands resume.

@@ -15,6 +15,7 @@ micro-batch is halved first, and the smaller program compiled and asked again.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import math
 from typing import Any, Optional, Tuple
@@ -34,6 +35,17 @@ def resident_bytes() -> int:
                          if line.startswith("VmRSS:")), 0)
     except OSError:
         return 0
+
+
+def release_freed_memory() -> None:
+    """Hand the heap that glibc's malloc keeps after frees back to the system (`malloc_trim`).
+    XLA's compile of an epoch frees about as much as it keeps, and glibc holds on to it: on the
+    demo the resident set fell from 2.24 to 1.14 GiB after the compile (docs/train.md,
+    "Memory"). A no-op where the C library has no malloc_trim."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):
+        pass
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxsocial.train import cohorts as cohorts_lib
 from jaxsocial.train import epoch as epoch_lib
-from jaxsocial.train import host, sharding
+from jaxsocial.train import fit, host, sharding
 from jaxsocial.train import setup as setup_lib
 from jaxsocial.train.epoch import EpochFns
 from jaxsocial.train.setup import RunState, Setup, Text, Weights
@@ -99,6 +99,7 @@ class Run:
         if "epoch" not in self.compiled:
             self.compiled["epoch"] = self.epoch.lower(
                 state, self.setup.grammar, self.encoder).compile()
+            fit.release_freed_memory()  # what the compile freed, before the memory is judged
         return self.compiled["epoch"]
 
     def run_epoch(self, state: RunState) -> Tuple[RunState, Dict[str, Any], List[dict]]:
