@@ -11,7 +11,9 @@ weights, the text banks' embedding pass, the epoch program's compile, each epoch
 its host metrics, a checkpoint save, the export); a thread samples the process's resident set
 (/proc/self/status VmRSS) every `--interval` seconds. Per phase: RSS at its start and end and
 its peak; for the compiled epoch program, `compiled.memory_analysis()` (arguments, outputs,
-temporaries, aliased bytes: XLA's buffer assignment) and the rows and micro-batch it trains.
+temporaries, aliased bytes: XLA's buffer assignment), the rows and micro-batch it trains, and
+the process peak `train.fit.predict` predicts from them (what `runner.train` judges before the
+first epoch) beside the measured one.
 `--tracemalloc` adds each phase's peak of Python-allocated memory (slower). `--plot=PATH`
 draws RSS over time with the phases shaded (needs matplotlib: pip install -e '.[notebook]').
 Config overrides (`--config.KEY=VALUE`) are parsed as train.py parses them. Summary line:
@@ -129,7 +131,7 @@ def profile(config, epochs: int, workdir: str, sampler: Sampler) -> dict:
     """Drive one run of `config` phase by phase under `sampler`; returns the program figures."""
     import jax
 
-    from jaxsocial.train import checkpointing, host, sharding
+    from jaxsocial.train import checkpointing, fit, host, sharding
     from jaxsocial.train import run as run_lib
     from jaxsocial.train import setup as setup_lib
 
@@ -155,6 +157,12 @@ def profile(config, epochs: int, workdir: str, sampler: Sampler) -> dict:
     with sampler.phase("compile epoch"):
         compiled = run.compile_epoch(state)  # as runner.train compiles it (fit.fit_run)
     figures["epoch_program"] = program_memory(compiled)
+    pred = fit.predict(compiled, len(setup.mesh.local_devices))  # what runner.train judges
+    figures["predicted"] = {"resident_gib": round(pred.resident / GiB, 3),
+                            "program_gib": round(pred.program / GiB, 3),
+                            "epoch_peak_gib": round(pred.peak / GiB, 3),
+                            "seen_gib": round(pred.seen / GiB, 3),
+                            "process_peak_gib": round(pred.process_peak / GiB, 3)}
     ckpt = checkpointing.Checkpointer(workdir, keep=1)
     for e in range(1, epochs + 1):
         with sampler.phase(f"epoch {e}"):
@@ -222,7 +230,11 @@ def main(argv=None):
     if args.plot:
         plot(sampler, args.plot if os.path.isabs(args.plot) else os.path.join(ROOT, args.plot),
              f"{args.config} {' '.join(overrides)}")
-    print(f"peak_rss_gib={peak:.2f} epoch_program_gib={figures['epoch_program']['total_gib']} "
+    predicted = figures["predicted"]["process_peak_gib"]
+    figures["predicted_over_measured"] = round(predicted / peak, 3)
+    print(f"peak_rss_gib={peak:.2f} predicted_gib={predicted:.2f} "
+          f"(x{figures['predicted_over_measured']}) "
+          f"epoch_program_gib={figures['epoch_program']['total_gib']} "
           f"micro_batch={figures['micro_batch']} (rows={figures['rows']}, "
           f"seq_len={figures['seq_len']})")
     finish(args.name, figures, record=not args.no_record)

@@ -340,8 +340,8 @@ RL_LOOP_KEYS = ("value_mode", "lora_rank", "lora_alpha", "micro_tokens")
 
 # Tokens per data shard in one automatic micro-batch (rl.micro_batch=0). The update keeps
 # every layer's [rows, heads, seq, seq] attention for its backward (about 47 MB a row for the
-# demo's 592-token rows), and on the CPU a micro-batch of 4-16 such rows trains as fast as
-# the whole batch at once (docs/train.md, "Memory").
+# demo's 592-token rows), and on the CPU the demo's 6-row micro-batches train faster than all
+# 192 rows at once (docs/train.md, "Memory").
 MICRO_TOKENS = 4096
 
 

@@ -48,6 +48,15 @@ def release_freed_memory() -> None:
         pass
 
 
+def peak_resident_bytes() -> int:
+    """This process's largest resident set so far (getrusage's ru_maxrss; 0 where absent)."""
+    try:
+        import resource
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+    except (ImportError, OSError):
+        return 0
+
+
 @dataclasses.dataclass(frozen=True)
 class Prediction:
     """A compiled epoch's predicted peak against the machine, bytes. resident: the process's
@@ -65,10 +74,18 @@ class Prediction:
     devices: int
     limit: int
     kind: str
+    seen: int = 0  # the process's largest resident set so far (CPU: the compile, set-up)
 
     @property
     def peak(self) -> int:
+        """The epoch's predicted peak (what is judged against `limit`)."""
         return self.resident + self.program
+
+    @property
+    def process_peak(self) -> int:
+        """The whole process's predicted peak: the epoch's, or what set-up and the compile
+        already reached, whichever is larger."""
+        return max(self.peak, self.seen)
 
     @property
     def fits(self) -> bool:
@@ -97,7 +114,7 @@ def predict(compiled: Any, devices: int, machine: Optional[Tuple[int, str, bool]
         return Prediction(0, args + out - alias + temp, temp, args, out, alias, 1, limit, kind)
     n = max(1, int(devices))
     return Prediction(resident_bytes(), n * (temp + max(0, out - alias)), temp, args, out,
-                      alias, n, limit, kind)
+                      alias, n, limit, kind, seen=peak_resident_bytes())
 
 
 def _auto(config) -> bool:
