@@ -83,6 +83,23 @@ def load_launcher(relpath):
 ONE_DEVICE_ENV = dict(os.environ, XLA_FLAGS=TEST_XLA_FLAGS)
 
 
+def hold_lock_in_another_process(directory, **lock):
+    """A live process holding `WorkdirLock(directory, **lock)`, as a running trainer (or, with
+    lock_name="study.lock", a study) does; the caller kills it."""
+    import json
+    import subprocess
+    import sys
+    code = ("import json, sys, time\n"
+            "from jaxsocial.train.workdir_lock import WorkdirLock\n"
+            "WorkdirLock(sys.argv[1], **json.loads(sys.argv[2])).acquire()\n"
+            "print('held', flush=True)\n"
+            "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(directory), json.dumps(lock)],
+                            cwd=ROOT, env=ONE_DEVICE_ENV, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
 def load_config_file(relpath, variant=None):
     """`get_config(variant)` of a config file (`configs/demo.py`), as `--config=path:variant`
     would build it."""

@@ -11,7 +11,7 @@ import time
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ONE_DEVICE_ENV, ROOT, load_config_file
+from conftest import ONE_DEVICE_ENV, ROOT, hold_lock_in_another_process, load_config_file
 from flax import nnx
 
 from jaxsocial.models import checkpoint_hf, hf_layout, llama, loading
@@ -35,15 +35,7 @@ def no_model(monkeypatch):
 
 def _hold_in_another_process(workdir):
     """A live process holding `workdir`'s lock (as a running trainer does)."""
-    code = ("import sys, time\n"
-            "from jaxsocial.train.workdir_lock import WorkdirLock\n"
-            "WorkdirLock(sys.argv[1]).acquire()\n"
-            "print('held', flush=True)\n"
-            "time.sleep(120)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(workdir)], cwd=ROOT,
-                            env=ONE_DEVICE_ENV, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "held"
-    return proc
+    return hold_lock_in_another_process(workdir)
 
 
 # ---------------------------------------------------------------------------------------------

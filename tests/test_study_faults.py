@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import ONE_DEVICE_ENV, ROOT, load_launcher
+from conftest import ONE_DEVICE_ENV, ROOT, hold_lock_in_another_process, load_launcher
 
 from jaxsocial.train import workdir_lock
 
@@ -36,15 +36,7 @@ def _snapshot(directory):
 
 def _hold_study_lock(directory):
     """Another live process holding the study directory, as a running study does."""
-    code = ("import sys, time\n"
-            "from jaxsocial.train.workdir_lock import WorkdirLock\n"
-            "WorkdirLock(sys.argv[1], lock_name='study.lock', what='study').acquire()\n"
-            "print('held', flush=True)\n"
-            "time.sleep(120)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(directory)], cwd=ROOT,
-                            env=ONE_DEVICE_ENV, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "held"
-    return proc
+    return hold_lock_in_another_process(directory, lock_name="study.lock", what="study")
 
 
 def _study(workdir, *args):

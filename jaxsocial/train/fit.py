@@ -117,20 +117,6 @@ def predict(compiled: Any, devices: int, machine: Optional[Tuple[int, str, bool]
                       alias, n, limit, kind, seen=peak_resident_bytes())
 
 
-def _auto(config) -> bool:
-    """Whether the micro-batch is the run's to choose (no rl.micro_batch, rl.grad_accum_steps
-    nor rl.micro_tokens=0, "all rows at once", of the user's)."""
-    rl = config.rl
-    return (int(rl.micro_batch or 0) == 0 and int(rl.get("grad_accum_steps", 1)) <= 1
-            and int(rl.get("micro_tokens", 1)) > 0)
-
-
-def _smaller(rows: int, micro: int, step: int) -> int:
-    """The largest divisor of `rows` below `micro` that is a multiple of `step` (0: none)."""
-    fits = [m for m in range(step, micro, step) if rows % m == 0 and m <= micro // 2]
-    return max(fits) if fits else 0
-
-
 def fit_run(run, state) -> Tuple[Any, Any, Prediction]:
     """(run, compiled epoch, prediction) for `run` about to train from `state`: the epoch
     compiled for `state`'s shapes and shardings (`Run.compile_epoch`) and checked against the
