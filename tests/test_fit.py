@@ -2,6 +2,7 @@
 XLA's figures for it plus the process's resident set against the machine; a run that cannot
 fit is refused in one line before its workdir is written, an automatic micro-batch is halved
 until it fits, and the compiled executable is the one that runs."""
+import dataclasses
 import os
 
 import jax
@@ -86,9 +87,8 @@ def test_an_automatic_micro_batch_is_halved_until_it_fits(built, monkeypatch):
 
     def only_small_fits(compiled, devices, machine=None):
         p = real(compiled, devices, (64 * GiB, "RAM", False))
-        seen.append(p.temp)
-        limit = p.peak if len(seen) >= 2 else p.peak - 1  # the first program does not fit
-        return real(compiled, devices, (limit, "RAM", False))
+        seen.append(p.temp)  # the first program does not fit, the second does
+        return dataclasses.replace(p, limit=p.peak if len(seen) >= 2 else p.peak - 1)
     monkeypatch.setattr(fit, "predict", only_small_fits)
     fitted, compiled, pred = fit.fit_run(auto, auto.init_state())
     assert pred.fits and fitted.setup.rl_config.micro_batch == start // 2

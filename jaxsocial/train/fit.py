@@ -123,7 +123,6 @@ def fit_run(run, state) -> Tuple[Any, Any, Prediction]:
     machine. An automatic micro-batch that does not fit is halved (the run rebuilt with
     `setup.with_micro_batch`) until it does; a run that cannot fit raises ValueError in one
     line naming what it needs and the keys that shrink it."""
-    from jaxsocial.train import run as run_lib
     from jaxsocial.train import setup as setup_lib
 
     devices = len(run.mesh.local_devices)
@@ -142,9 +141,7 @@ def fit_run(run, state) -> Tuple[Any, Any, Prediction]:
             raise ValueError(_refusal(setup, pred, micro or rows))
         logging.warning("the epoch in micro-batches of %d rows would not fit (%s): trying %d",
                         micro or rows, pred.line(), smaller)
-        new = setup_lib.with_micro_batch(setup, smaller)
-        run = run_lib.Run(setup=new, weights=run.weights, text=run.text,
-                          **run_lib.programs(new, run.weights, run.text))
+        run = run.with_setup(setup_lib.with_micro_batch(setup, smaller))
 
 
 def _auto(config) -> bool:

@@ -92,6 +92,12 @@ class Run:
     def place(self, state: RunState) -> RunState:
         return setup_lib.place(self.setup, state)
 
+    def with_setup(self, setup: Setup) -> "Run":
+        """This run's weights and text banks with another set-up of the same shapes (e.g. a
+        smaller micro-batch, `setup.with_micro_batch`), its programs built anew."""
+        return Run(setup=setup, weights=self.weights, text=self.text,
+                   **programs(setup, self.weights, self.text))
+
     def compile_epoch(self, state: RunState):
         """The one-program epoch compiled for `state`'s shapes and shardings (XLA's
         `memory_analysis()` of it is `fit.fit_run`'s memory model); later epochs run this
