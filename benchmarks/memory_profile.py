@@ -175,8 +175,10 @@ def profile(config, epochs: int, workdir: str, sampler: Sampler) -> dict:
     with sampler.phase("checkpoint"):
         ckpt.save(epochs, state, {"epoch": epochs})
         ckpt.close()
-    with sampler.phase("export"):
-        run.export_policy(state, os.path.join(workdir, "export"))
+    with sampler.phase("export"):  # the first of the run's exports (a cohort's, with cohorts)
+        name = host.export_names(setup)[0]
+        cohort = {"cohort": name.split("/", 1)[1]} if "/" in name else {}
+        run.export_policy(state, os.path.join(workdir, name), **cohort)
     return figures
 
 
