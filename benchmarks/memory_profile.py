@@ -33,16 +33,9 @@ import tracemalloc
 
 from common import NO_RECORD_HELP, ROOT, finish
 
+from jaxsocial.train import fit
+
 GiB = 2 ** 30
-
-
-def rss_bytes() -> int:
-    """This process's resident set (VmRSS), in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 class Sampler:
@@ -58,7 +51,7 @@ class Sampler:
 
     def _run(self):
         while not self._stop.is_set():
-            self.samples.append((time.monotonic() - self.t0, rss_bytes()))
+            self.samples.append((time.monotonic() - self.t0, fit.resident_bytes()))
             self._stop.wait(self.interval)
 
     def __enter__(self):
@@ -80,11 +73,11 @@ class Sampler:
             def __enter__(self):
                 if sampler.trace_python:
                     tracemalloc.reset_peak()
-                self.start, self.rss = time.monotonic() - sampler.t0, rss_bytes()
+                self.start, self.rss = time.monotonic() - sampler.t0, fit.resident_bytes()
                 return self
 
             def __exit__(self, *exc):
-                end, rss = time.monotonic() - sampler.t0, rss_bytes()
+                end, rss = time.monotonic() - sampler.t0, fit.resident_bytes()
                 inside = [b for t, b in list(sampler.samples) if self.start <= t <= end]
                 record = {"phase": name, "start_s": round(self.start, 2),
                           "end_s": round(end, 2), "rss_start_gib": round(self.rss / GiB, 3),
@@ -131,7 +124,7 @@ def profile(config, epochs: int, workdir: str, sampler: Sampler) -> dict:
     """Drive one run of `config` phase by phase under `sampler`; returns the program figures."""
     import jax
 
-    from jaxsocial.train import checkpointing, fit, host, sharding
+    from jaxsocial.train import checkpointing, host, sharding
     from jaxsocial.train import run as run_lib
     from jaxsocial.train import setup as setup_lib
 

@@ -360,19 +360,32 @@ def micro_batch(config: ml_collections.ConfigDict, rows: int, seq_len: int,
     if int(rl.micro_batch or 0) > 0 or int(rl.get("grad_accum_steps", 1)) > 1:
         return int(rl.micro_batch or 0)
     rows, seq_len = max(1, int(rows)), max(1, int(seq_len))
-    budget = int(rl.get("micro_tokens", MICRO_TOKENS))
-    if budget <= 0:
+    if not micro_batch_is_automatic(config):
         return rows
+    shards, step = micro_step(config, rows, mesh_shape)
+    budget = int(rl.get("micro_tokens", MICRO_TOKENS)) * shards
+    fits = [m for m in range(step, rows + 1, step) if rows % m == 0 and m * seq_len <= budget]
+    return max(fits) if fits else step
+
+
+def micro_batch_is_automatic(config: ml_collections.ConfigDict) -> bool:
+    """Whether the micro-batch is the run's to choose: no rl.micro_batch, rl.grad_accum_steps
+    nor rl.micro_tokens=0 ("all rows at once") of the user's."""
+    rl = config.rl
+    return (int(rl.micro_batch or 0) == 0 and int(rl.get("grad_accum_steps", 1)) <= 1
+            and int(rl.get("micro_tokens", MICRO_TOKENS)) > 0)
+
+
+def micro_step(config: ml_collections.ConfigDict, rows: int, mesh_shape=None) -> tuple:
+    """(data shards `rows` split over on `mesh_shape`, the step an automatic micro-batch is a
+    multiple of: those shards, and `rl.prompt_group` where the rows hold whole groups)."""
     from jaxsocial.models import partitioning
     sizes = dict(zip(partitioning.AXES, tuple(mesh_shape or (1, 1, 1))))
     shards = math.prod(sizes[a] for a in partitioning.row_axes(sizes, "batch", rows))
-    step = shards
-    group = int(rl.get("prompt_group", 0) or 0)
-    if group > 1 and rows % math.lcm(step, group) == 0:
-        step = math.lcm(step, group)
-    fits = [m for m in range(step, rows + 1, step)
-            if rows % m == 0 and m * seq_len <= budget * shards]
-    return max(fits) if fits else step
+    group = int(config.rl.get("prompt_group", 0) or 0)
+    if group > 1 and rows % math.lcm(shards, group) == 0:
+        return shards, math.lcm(shards, group)
+    return shards, shards
 
 
 def rl_config(config: ml_collections.ConfigDict, active: int, seq_len: int = 0,

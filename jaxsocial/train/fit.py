@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import math
 from typing import Any, Optional, Tuple
 
 from absl import logging
 
+from jaxsocial.train import config as run_config
 from jaxsocial.train import memory
 
 GiB = 2 ** 30
@@ -135,21 +135,14 @@ def fit_run(run, state) -> Tuple[Any, Any, Prediction]:
         if pred.fits:
             return run, compiled, pred
         rows = _minibatch_rows(setup)
-        smaller = (_smaller(rows, micro or rows, _row_step(setup, rows))
-                   if _auto(setup.config) else 0)
+        smaller = (_smaller(rows, micro or rows, run_config.micro_step(
+                       setup.config, rows, tuple(setup.mesh.shape.values()))[1])
+                   if run_config.micro_batch_is_automatic(setup.config) else 0)
         if not smaller:
             raise ValueError(_refusal(setup, pred, micro or rows))
         logging.warning("the epoch in micro-batches of %d rows would not fit (%s): trying %d",
                         micro or rows, pred.line(), smaller)
         run = run.with_setup(setup_lib.with_micro_batch(setup, smaller))
-
-
-def _auto(config) -> bool:
-    """Whether the micro-batch is the run's to choose (no rl.micro_batch, rl.grad_accum_steps
-    nor rl.micro_tokens=0, "all rows at once", of the user's)."""
-    rl = config.rl
-    return (int(rl.micro_batch or 0) == 0 and int(rl.get("grad_accum_steps", 1)) <= 1
-            and int(rl.get("micro_tokens", 1)) > 0)
 
 
 def _smaller(rows: int, micro: int, step: int) -> int:
@@ -167,12 +160,6 @@ def _minibatch_rows(setup) -> int:
     c = setup.config
     return (int(c.rollout.ticks_per_epoch) * _trained_active(setup)
             // max(1, int(c.rl.num_minibatches)))
-
-
-def _row_step(setup, rows: int) -> int:
-    from jaxsocial.models import partitioning
-    sizes = dict(setup.mesh.shape)
-    return math.prod(sizes[a] for a in partitioning.row_axes(sizes, "batch", rows))
 
 
 def _refusal(setup, pred: Prediction, micro: int) -> str:

@@ -243,8 +243,7 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
     run = run if run is not None else run_lib.build_run(config)
     state = run.init_state()
     if run.setup.fused:  # compiled and checked against the machine before anything is written
-        run, _, prediction = fit.fit_run(run, state)
-        logging.info("memory: %s", prediction.line())
+        run, _, _ = fit.fit_run(run, state)  # (it logs its prediction)
     history = []
     restored_epoch = 0
     if fork is not None:
