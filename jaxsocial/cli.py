@@ -10,15 +10,17 @@ from absl import flags
 HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull")
 
 
-def parse_flags(argv):
+def parse_flags(argv, compile_cache: bool = True):
     """absl's flag parser, except that asking for help exits 0 (absl exits 1 after printing
     the usage, which makes `--help` look like a failure to shells and CI), a bad flag is one
-    line on stderr with exit status 2, and JAX's backend-probing INFO line is not shown."""
+    line on stderr with exit status 2, and JAX's backend-probing INFO line is not shown. Then
+    JAX's persistent compilation cache is turned on (`jaxsocial.compile_cache`; False: off, for
+    a launcher that measures compile times)."""
     # JAX's "Unable to initialize backend 'tpu' ... libtpu.so" INFO line on every CPU/GPU
     # start says nothing the user asked about.
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     try:
-        return flags.FLAGS(argv)
+        rest = flags.FLAGS(argv)
     except SystemExit as e:
         if e.code and any(a in HELP_FLAGS for a in argv[1:]):
             raise SystemExit(0) from None
@@ -26,6 +28,9 @@ def parse_flags(argv):
     except flags.Error as e:
         sys.stderr.write(f"error: {e} (see --help)\n")
         raise SystemExit(2) from None
+    from jaxsocial import compile_cache as cache
+    cache.enable() if compile_cache else cache.disable()
+    return rest
 
 
 def json_safe(x):

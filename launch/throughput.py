@@ -14,6 +14,7 @@ value passes of the update: 2 * params each per token).
 
 
 
+import functools
 import json
 import os
 import resource
@@ -157,4 +158,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=cli.parse_flags)
+    # It measures compile times: no persistent cache, every program compiled here.
+    app.run(main, flags_parser=functools.partial(cli.parse_flags, compile_cache=False))

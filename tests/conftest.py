@@ -19,6 +19,29 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# One persistent compilation cache for the whole run (jaxsocial.compile_cache): pytest's
+# controller names it before its workers start, so they, their launcher subprocesses and every
+# later file load a program compiled once instead of compiling it again. Programs compiling in
+# over 0.2 s get an entry (at -O0 most of the suite's do not reach JAX's default 1 s). A user's
+# own JAXSOCIAL_COMPILE_CACHE (a directory kept across runs, or "off") wins.
+_OWN_COMPILE_CACHE = "JAXSOCIAL_COMPILE_CACHE" not in os.environ
+if _OWN_COMPILE_CACHE:
+    import tempfile
+    import uuid
+    os.environ["JAXSOCIAL_COMPILE_CACHE"] = os.path.join(
+        tempfile.gettempdir(), f"jaxsocial-pytest-xla-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+from jaxsocial import compile_cache  # noqa: E402 -- after the environment it reads
+
+compile_cache.enable()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The controller removes the run's own compile cache (workers leave it to the controller)."""
+    if _OWN_COMPILE_CACHE and not hasattr(session.config, "workerinput"):
+        import shutil
+        shutil.rmtree(os.environ["JAXSOCIAL_COMPILE_CACHE"], ignore_errors=True)
+
 # The longest files (minutes on 2 cores), longest first. pytest-xdist's loadfile hands whole
 # files to the workers in collection order (pytest.ini: --no-loadscope-reorder), so these start
 # first and the many short files fill in at the end, rather than one long file running alone
