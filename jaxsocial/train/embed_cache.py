@@ -57,7 +57,9 @@ def minilm_key(pins: dict, ids: np.ndarray, mask: np.ndarray) -> str:
     `pins` ({file: (size, sha256)}, `zoo.MINILM_PINS`) names the weights, tokenizer and
     configs by content: `zoo.minilm_l6_v2()` checks every file against them before it is read.
     Keying on the re-tokenized rows rather than the policy's covers the policy tokenizer that
-    decodes them, the WordPiece tokenizer and `max_seq_length` at once."""
+    decodes them, the WordPiece tokenizer and `max_seq_length` at once. The tag ("minilm-v1",
+    "pooled-v1") stands for the code: bump it when a change to the encoder's forward or
+    pooling changes its output."""
     return digest("minilm-v1", sorted(pins.items()), runtime(), ids, mask)
 
 
