@@ -227,22 +227,3 @@ def test_bad_corpus_is_a_clear_error(tmp_path):
         text_bank.load_corpus(str(path))
     with pytest.raises(ValueError, match="unknown crowd topic 'nope'"):
         text_bank.topic_ids(text_bank.load_corpus(), ["nope"])
-
-
-def test_cached_rows_memoizes_on_disk(tmp_path):
-    calls = []
-
-    def fn(rows):
-        calls.append(len(rows))
-        return rows.astype(np.float32) * 2.0
-
-    rows = np.arange(12, dtype=np.int32).reshape(4, 3)
-    key = text_bank.files_key(text_bank.default_path())
-    first = text_bank.cached_rows(fn, rows, key, str(tmp_path))
-    again = text_bank.cached_rows(fn, rows, key, str(tmp_path))
-    np.testing.assert_array_equal(first, again)
-    assert calls == [4]  # second call read the file
-    text_bank.cached_rows(fn, rows + 1, key, str(tmp_path))  # other tokens: recomputed
-    text_bank.cached_rows(fn, rows, key + "x", str(tmp_path))  # other model: recomputed
-    text_bank.cached_rows(fn, rows, None, str(tmp_path))  # no key: no cache
-    assert calls == [4, 4, 4, 4]

@@ -25,7 +25,6 @@ form a post takes after a feed label in a rendered prompt.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -220,44 +219,6 @@ def embed_rows(embed_fn: Callable[[Array], Array], tokens: np.ndarray,
     out = [np.asarray(embed_fn(jnp.asarray(padded[i:i + chunk])))
            for i in range(0, len(padded), chunk)]
     return np.concatenate(out)[:n].astype(np.float32)
-
-
-def cached_rows(fn: Callable[[np.ndarray], np.ndarray], tokens: np.ndarray,
-                key: Optional[str], cache_dir: Optional[str]) -> np.ndarray:
-    """`fn(tokens)` memoized on disk as `cache_dir/<sha256(key, tokens)>.npy`; `key` must name
-    everything else `fn` depends on (model files, dtype). key or cache_dir None: no cache. A
-    cache that cannot be read or written is ignored (recomputed)."""
-    if key is None or cache_dir is None:
-        return fn(tokens)
-    h = hashlib.sha256(key.encode())
-    h.update(repr(tokens.shape).encode())
-    h.update(np.ascontiguousarray(tokens, np.int32).tobytes())
-    path = os.path.join(cache_dir, h.hexdigest() + ".npy")
-    try:
-        out = np.load(path)
-        if out.shape[0] == tokens.shape[0]:
-            return out
-    except (OSError, ValueError):
-        pass
-    out = fn(tokens)
-    try:
-        os.makedirs(cache_dir, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp.npy"
-        np.save(tmp, out)
-        os.replace(tmp, path)
-    except OSError:
-        pass
-    return out
-
-
-def files_key(path: str) -> str:
-    """Identity of a file or directory tree for `cached_rows`: (relative path, size, mtime) of
-    every file under it."""
-    path = os.path.abspath(path)
-    files = [path] if os.path.isfile(path) else sorted(
-        os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs)
-    return repr([(os.path.relpath(f, os.path.dirname(path)), os.path.getsize(f),
-                  os.stat(f).st_mtime_ns) for f in files])
 
 
 def make_bank(tokens: np.ndarray, embedding: np.ndarray, topic: Sequence[int]) -> TextBank:

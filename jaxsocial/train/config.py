@@ -154,7 +154,8 @@ def base_config() -> ml_collections.ConfigDict:
     # crowd posts / comments / interest descriptions from `path` ("" = the packaged
     # assets/crowd_posts.json, 14 topics); `topics` restricts the crowd's interests to these
     # topic names (() = all); crowd text is drawn by Gumbel-max over cos / `temperature`;
-    # `cache`: with a checkpoint, the encoder's pooled states of the texts are cached on disk.
+    # `cache`: the encoder's rows of these texts (MiniLM's embeddings, a checkpoint's pooled
+    # states) are kept under zoo.cache_dir()/text_bank/ (jaxsocial.train.embed_cache).
     c.crowd_text = ml_collections.ConfigDict(dict(path="", topics=(), temperature=0.05,
                                                   cache=True))
     c.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1)))

@@ -35,7 +35,7 @@ from jaxsocial.rl import policy as policy_lib
 from jaxsocial.rl import ppo as ppo_lib
 from jaxsocial.social import activation, society, text_bank
 from jaxsocial.social.state import SocialParams, normalize
-from jaxsocial.train import checks, code_problems, memory, sharding, society_encoder
+from jaxsocial.train import checks, code_problems, embed_cache, memory, sharding, society_encoder
 from jaxsocial.train import cohorts as cohorts_lib
 from jaxsocial.train import config as run_config
 
@@ -381,33 +381,32 @@ def init_weights(config: ml_collections.ConfigDict, setup: Setup) -> Weights:
 def embed_text(setup: Setup, weights: Weights) -> Text:
     """The society's texts (`setup.text_tokens`) through its frozen encoder: the sentence
     encoder, or the reference policy's pooled states through the fixed projection (the post
-    bank's mean pooled state subtracted first). With a checkpoint the reference's pooled states
-    are cached on disk (crowd_text.cache)."""
-    tt = setup.text_tokens
+    bank's mean pooled state subtracted first). The encoder's rows (MiniLM's embeddings; a
+    checkpoint's pooled states) are cached on disk (`embed_cache`; crowd_text.cache)."""
+    tt, c = setup.text_tokens, setup.config
     short_tok = np.concatenate([tt.posts, tt.comments])
+    cache_dir = os.path.join(zoo.cache_dir(), "text_bank") if c.crowd_text.cache else None
     if setup.encoder.kind == "minilm":
         e = setup.encoder
         embed_jit = jax.jit(functools.partial(society_encoder.minilm_embed, e.graphdef,
                                               e.retokenizer))
-        embed = lambda rows: text_bank.embed_rows(  # noqa: E731
-            lambda x: embed_jit(weights.encoder, x), rows)
+
+        def embed(rows):
+            key = (embed_cache.minilm_key(zoo.MINILM_PINS, *e.retokenizer(rows))
+                   if cache_dir else None)
+            return embed_cache.cached_rows(lambda r: text_bank.embed_rows(
+                lambda x: embed_jit(weights.encoder, x), r), rows, key, cache_dir)
         return _text(setup, embed(short_tok), embed(tt.long), None)
     # The costly pass with a real model. The centre is the mean over the post bank:
     # subtracting it keeps embeddings spread over directions (raw pooled states of an LLM
     # share a large common component, which would make every post look alike to the crowd).
-    # With a checkpoint they are cached on disk (crowd_text.cache; key: the checkpoint's
-    # files, dtype, tokens) so later runs of the same model skip the pass.
-    c = setup.config
-    t = c.get("crowd_text", None) or {}
+    # Only a checkpoint's are cached: a preset's random weights have no file to name them.
     pooled_jit = jax.jit(functools.partial(society_encoder.pooled_states, setup.pdef.graphdef))
-    cache_key = cache_dir = None
-    if c.model.checkpoint and t.get("cache", True):
-        cache_key = repr(("pooled-v1", text_bank.files_key(c.model.checkpoint),
-                          c.model.dtype, c.model.param_dtype))
-        cache_dir = os.path.join(zoo.cache_dir(), "text_bank")
-    pooled = lambda rows: text_bank.cached_rows(  # noqa: E731
+    key = (embed_cache.checkpoint_key(run_config.model_args(c))
+           if c.model.checkpoint else None)
+    pooled = lambda rows: embed_cache.cached_rows(  # noqa: E731
         lambda r: text_bank.embed_rows(lambda x: pooled_jit(weights.ref, x), r),
-        rows, cache_key, cache_dir)
+        rows, key, cache_dir)
     short = pooled(short_tok)
     center = jnp.asarray(short[:len(tt.posts)].mean(0))
     project = lambda h: np.asarray(society_encoder.project(  # noqa: E731
