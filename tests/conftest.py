@@ -5,7 +5,8 @@ import pytest
 
 # The suite compiles far more than it runs: most tests build a small program once and run it
 # for a few steps. At LLVM -O0, XLA's CPU backend compiles those programs about 30% faster and
-# runs them about 2x slower, which on 2 cores takes minutes off `pytest` (README, "Set-up").
+# runs them about 2x slower, which on 2 cores takes minutes off `pytest` (docs/architecture.md,
+# "Tests").
 # The HLO, and so what each test checks, is unchanged; only the machine code is less optimised.
 # A user's own XLA_FLAGS come after it, so they can override it.
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"

@@ -3,8 +3,9 @@
 The block after the README's `<!-- tests/test_readme.py ... -->` marker is run line by line with
 bash, from a scratch directory that links the repository's launch/, configs/ and notebooks/ (so
 the relative paths resolve as in a checkout, and every file a command writes is visible). The
-other `python launch/...` commands in the README are too long for CI; for those the script, the
-config file, its variant and every `--config.*` override are checked to exist.
+other `python launch/...` commands in the README and in docs/*.md (in ```bash blocks, or inline
+in the README) are too long for CI; for those the script, the config file, its variant and every
+`--config.*` override are checked to exist.
 """
 import json
 import os
@@ -139,12 +140,37 @@ def check_launch_command(cmd):
                 node = node[part]
 
 
-def test_every_readme_launch_command_names_real_scripts_configs_and_keys():
-    text = open(README, encoding="utf-8").read()
-    cmds = [c for b in _bash_blocks(text) for c in _commands(b) if "launch/" in c]
-    assert len(cmds) >= 8, cmds
+def launch_commands(text):
+    """The `launch/` commands of a page: each ```bash block's lines (continuations joined, the
+    block's `NAME="..."` variables substituted), and inline `python launch/...` spans."""
+    cmds = []
+    for block in _bash_blocks(text):
+        vars_ = {}
+        for cmd in _commands(re.sub(r"\s*\\\n\s*", " ", block)):
+            if m := re.fullmatch(r'(\w+)="([^"]*)"', cmd):
+                vars_[m.group(1)] = m.group(2)
+                continue
+            for name, value in vars_.items():
+                cmd = re.sub(rf"\${name}\b", value, cmd)
+            if "launch/" in cmd:
+                cmds.append(cmd)
+    return cmds + re.findall(r"`(python launch/[^`\n]*)`", text)
+
+
+def test_every_launch_command_in_the_docs_names_real_scripts_configs_and_keys():
+    docs = os.path.join(ROOT, "docs")
+    pages = [README] + [os.path.join(docs, n) for n in sorted(os.listdir(docs))
+                        if n.endswith(".md")]
+    readme = launch_commands(open(README, encoding="utf-8").read())
+    assert len(readme) >= 8, readme
+    cmds = [c for p in pages for c in launch_commands(open(p, encoding="utf-8").read())]
+    assert len(cmds) >= 30, cmds
     for cmd in cmds:
         check_launch_command(cmd)
+    # The parsing: a continued line is one command, a block's variable is substituted.
+    block = ('```bash\nC="--config=configs/demo.py"\n'
+             'python launch/train.py $C \\\n  --workdir=w\n```')
+    assert launch_commands(block) == ["python launch/train.py --config=configs/demo.py --workdir=w"]
 
 
 @pytest.mark.parametrize("bad", [

@@ -1,8 +1,11 @@
-"""The README's Status table quotes only recorded figures: every number in a row's state cell
-is found in a benchmark result file (benchmarks/results/*.json) that the same row names, to the
-precision the README prints it. Command lines and file names sit in backticks and are not
-figures; names such as Llama-3 or all-MiniLM-L6-v2 are not either (a digit glued to a letter or
-a hyphen). Each check has a negative control that the same function rejects."""
+"""docs/results.md and the README's headline table quote only recorded figures: every number in
+a paragraph of docs/results.md, in a row of its Status table or in a row of the README's
+headline table is found in a benchmark result file (benchmarks/results/*.json) that the same
+paragraph or row names, to the precision the page prints it. Command lines and file names sit in
+backticks and are not figures; names such as Llama-3 or all-MiniLM-L6-v2 are not either (a digit
+glued to a letter or a hyphen). Each headline row has exactly one figure and links its file.
+Every relative link in README.md and docs/*.md resolves. Each check has a negative control that
+the same function rejects."""
 import json
 import math
 import os
@@ -12,6 +15,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
+RESULTS = os.path.join(ROOT, "docs", "results.md")
 
 CITED = re.compile(r"benchmarks/results/([A-Za-z0-9_.\-]+\.json)")
 # A figure: digits with optional thousands separators, decimals or an exponent, bare or with a
@@ -29,16 +33,28 @@ FIGURE = re.compile(
 SCALES = {"%": 0.01, "GiB": 2.0 ** 30, "MiB": 2.0 ** 20}
 
 
-def status_rows(text: str) -> list:
-    """(area, state) of every row of the table under '## Status'."""
-    start = text.index("\n## Status")
+def table_rows(text: str, heading: str) -> list:
+    """The cells of every row of the first table under `heading` (a '## ' line), header left out."""
+    start = text.index(f"\n## {heading}\n")
     end = text.find("\n## ", start + 5)
     rows = []
     for line in text[start:end if end > 0 else None].splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if line.startswith("|") and len(cells) >= 2 and not set(cells[0]) <= set("-: "):
-            rows.append((cells[0], "|".join(cells[1:])))
+            rows.append(cells)
     return rows[1:]  # the header row
+
+
+def status_rows(text: str) -> list:
+    """(area, state) of every row of the table under '## Status'."""
+    return [(cells[0], "|".join(cells[1:])) for cells in table_rows(text, "Status")]
+
+
+def paragraphs(text: str) -> list:
+    """The prose paragraphs of a page: blank-line separated, headings, tables and code left out."""
+    text = re.sub(r"```.*?```", "\n\n", text, flags=re.S)
+    return [p for p in re.split(r"\n\s*\n", text)
+            if p.strip() and not p.lstrip().startswith(("#", "|"))]
 
 
 def figures(cell: str) -> list:
@@ -91,7 +107,7 @@ def row_problems(state: str, results_dir: str) -> list:
 
 
 def test_every_status_figure_is_in_a_result_file_the_row_names():
-    with open(README) as f:
+    with open(RESULTS) as f:
         rows = status_rows(f.read())
     assert len(rows) >= 8, rows
     results = os.path.join(ROOT, "benchmarks", "results")
@@ -99,6 +115,40 @@ def test_every_status_figure_is_in_a_result_file_the_row_names():
     assert not bad, bad
     # The table quotes figures at all (a table without numbers would pass trivially).
     assert sum(len(figures(state)) for _, state in rows) >= 10
+
+
+def test_every_figure_of_the_results_prose_is_in_a_result_file_the_paragraph_names():
+    with open(RESULTS) as f:
+        paras = paragraphs(f.read())
+    results = os.path.join(ROOT, "benchmarks", "results")
+    bad = {p[:60]: probs for p in paras if (probs := row_problems(p, results))}
+    assert not bad, bad
+    assert sum(len(figures(p)) for p in paras) >= 10
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def headline_problems(cells: list, results_dir: str) -> list:
+    """Why a README headline row (result, figure, linked file) is not one recorded figure."""
+    if len(cells) != 3:
+        return [f"{len(cells)} cells, not 3 (result | figure | file)"]
+    problems = []
+    if len(figures(cells[1])) != 1:
+        problems.append(f"{cells[1]!r} is not one figure")
+    links = LINK.findall(cells[2])
+    if len(links) != 1 or not CITED.fullmatch(links[0]):
+        problems.append(f"{cells[2]!r} does not link one benchmarks/results/ file")
+    return problems + row_problems(" | ".join(cells), results_dir)
+
+
+def test_the_readme_headline_table_is_one_recorded_figure_a_row():
+    with open(README) as f:
+        rows = table_rows(f.read(), "Results")
+    assert 5 <= len(rows) <= 8, rows
+    results = os.path.join(ROOT, "benchmarks", "results")
+    bad = {cells[0]: p for cells in rows if (p := headline_problems(cells, results))}
+    assert not bad, bad
 
 
 @pytest.fixture
@@ -141,6 +191,21 @@ def test_negative_controls_a_figure_not_recorded_is_refused(result_dir):
     # Figures without a named file, and a named file that does not exist.
     assert row_problems("works: 2.34x", result_dir)
     assert row_problems("2.34x (`benchmarks/results/missing.json`)", result_dir)
+    # A paragraph is read like a row; headings, tables and code blocks are not paragraphs.
+    text = f"# T\n\nworks: 2.34x ({cite})\n\n```\nrun 9.99x\n```\n\n| a | 7 |\n\nslow: 1.5x\n"
+    assert [row_problems(p, result_dir) != [] for p in paragraphs(text)] == [False, True]
+
+
+def test_negative_controls_a_headline_row_is_one_linked_recorded_figure(result_dir):
+    link = "[x](benchmarks/results/x-20260101T000000Z.json)"
+    assert headline_problems(["ratio", "2.34x", link], result_dir) == []
+    assert headline_problems(["ratio", "2.34x and 1,081 tok/s", link], result_dir)  # two figures
+    assert headline_problems(["ratio", "fast", link], result_dir)                   # none
+    assert headline_problems(["ratio", "2.35x", link], result_dir)                  # not recorded
+    assert headline_problems(["at 7 users", "2.34x", link], result_dir)             # unbacked
+    assert headline_problems(["ratio", "2.34x", "`benchmarks/results/x-20260101T000000Z.json`"],
+                             result_dir)                                             # no link
+    assert headline_problems(["ratio", "2.34x", link.replace("x-2026", "w-2026")], result_dir)
 
 
 def missing_citations(texts: dict, results_dir: str) -> list:
@@ -187,3 +252,27 @@ def test_docs_are_reference_not_a_lab_notebook():
     for bad in ("run on 2026-12-04", "(issue 19 item 3)", "the old path", "this evening"):
         assert notebook_phrases(bad), bad
     assert notebook_phrases("`benchmarks/results/x-20261205T083540Z.json`") == []
+
+
+def broken_links(texts: dict) -> list:
+    """(document, target) for every relative Markdown link whose file does not exist, resolved
+    from the document's folder (an #anchor ignored; web and mail links left out)."""
+    out = []
+    for doc, text in texts.items():
+        for target in LINK.findall(re.sub(r"```.*?```", "", text, flags=re.S)):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            path = os.path.join(ROOT, os.path.dirname(doc), target.split("#")[0])
+            if not os.path.exists(path):
+                out.append((doc, target))
+    return out
+
+
+def test_every_relative_link_in_the_docs_resolves():
+    texts = doc_texts()
+    assert not broken_links(texts)
+    assert sum(len(LINK.findall(t)) for t in texts.values()) >= 10
+    # Negative controls: a missing file, and a link resolved from the wrong folder.
+    assert broken_links({"README.md": "[x](docs/gone.md) [y](https://example.org)"}) == [
+        ("README.md", "docs/gone.md")]
+    assert broken_links({"docs/x.md": "[t](docs/train.md)"}) == [("docs/x.md", "docs/train.md")]
