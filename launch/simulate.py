@@ -33,6 +33,7 @@ from ml_collections import config_flags
 
 from jaxsocial import cli
 from jaxsocial.social import metrics, society
+from jaxsocial.train import fit
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/million.py[:variant]",
                                           lock_config=True)
@@ -109,6 +110,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
         return s, info, info.agent.type_counts + info.crowd.apply.type_counts
 
     measure = jax.jit(functools.partial(metrics.compute, params=params))
+    tick, measure, pred = _fit(tick, measure, jax.random.fold_in(key, 1), state, params)
 
     totals = {}
     tick_seconds = []
@@ -138,11 +140,30 @@ def run(config, workdir: str, progress: bool = True) -> dict:
         "total_actions": totals,
         "final": last,
         "peak_rss_gb": peak_rss_gb(),
+        "predicted_peak_gb": pred.process_peak / 2**30,
         "metrics_path": path,
     }
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return summary
+
+
+def _fit(tick, measure, key, state, params):
+    """(tick, measure, prediction): both programs compiled for `state` and judged against the
+    machine by the compiler's own figures (`train.fit.predict`: the resident set plus a
+    program's temporaries and unaliased outputs); the larger prediction is returned, a society
+    that would not fit is refused in one line (ValueError) before the first tick."""
+    tick_c = tick.lower(key, state).compile()
+    _, info, _ = jax.eval_shape(tick, key, state)
+    measure_c = measure.lower(state, info).compile()
+    fit.release_freed_memory()
+    pred = max((fit.predict(c, 1) for c in (tick_c, measure_c)), key=lambda p: p.peak)
+    logging.info("memory: %s", pred.line())
+    if not pred.fits:
+        raise ValueError(f"society.num_users={params.num_users}, society.post_capacity="
+                         f"{params.post_capacity}: one tick would need {pred.line()}; lower "
+                         f"them (or society.embed_dim, society.seen_memory)")
+    return tick_c, measure_c, pred
 
 
 def main(argv):
