@@ -220,7 +220,7 @@ def main(argv):
         if int(config.distributed.get("process_id", -1)) <= 0:
             workdir_lock.check_free(workdir)
         workdir_lock.prepare(workdir)
-    except (ValueError, ImportError, workdir_lock.WorkdirBusy) as e:
+    except (ValueError, ImportError, FileNotFoundError, workdir_lock.WorkdirBusy) as e:
         console.write(f"error: {_one_line(e)}\n")
         sys.exit(1)
     if not _VERBOSE.value:

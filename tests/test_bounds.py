@@ -83,9 +83,8 @@ def test_probe_is_refused_in_one_line_naming_its_key(ram, bad, good, named):
     assert all(n in msg for n in named), msg
 
 
-@pytest.mark.parametrize("bad,good,named", PROBES)
-def test_the_launcher_refuses_before_the_workdir(ram, tmp_path, monkeypatch, capsys, bad, good,
-                                                 named):
+def launch_refused(tmp_path, monkeypatch, capsys, values) -> str:
+    """launch/train.py on demo.py with `values` set: its one error line; no workdir, no run."""
     from absl import flags
 
     from jaxsocial.train import runner
@@ -98,7 +97,7 @@ def test_the_launcher_refuses_before_the_workdir(ram, tmp_path, monkeypatch, cap
         mod.parse_flags(["train.py", "--noprogress",
                          f"--config={os.path.join(ROOT, 'configs', 'demo.py')}",
                          f"--workdir={tmp_path / 'w'}"])
-        for key, value in bad.items():
+        for key, value in values.items():
             section, name = key.split(".")
             mod._CONFIG.value[section][name] = value
         with pytest.raises(SystemExit) as e:
@@ -107,8 +106,21 @@ def test_the_launcher_refuses_before_the_workdir(ram, tmp_path, monkeypatch, cap
         flags.FLAGS.unparse_flags()
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert e.value.code == 1 and len(errors) == 1, errors
-    assert all(n in errors[0] for n in named), errors[0]
     assert not (tmp_path / "w").exists()
+    return errors[0]
+
+
+@pytest.mark.parametrize("bad,good,named", PROBES)
+def test_the_launcher_refuses_before_the_workdir(ram, tmp_path, monkeypatch, capsys, bad, good,
+                                                 named):
+    line = launch_refused(tmp_path, monkeypatch, capsys, bad)
+    assert all(n in line for n in named), line
+
+
+def test_an_unreadable_checkpoint_is_one_line_before_the_workdir(tmp_path, monkeypatch, capsys):
+    line = launch_refused(tmp_path, monkeypatch, capsys,
+                          {"model.checkpoint": str(tmp_path / "missing")})
+    assert "checkpoint directory not found" in line, line
 
 
 def test_hard_limits_at_their_edges(ram):
