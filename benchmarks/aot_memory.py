@@ -9,7 +9,7 @@ r"""Per-device memory of configs/general.py's epoch on its target meshes, by XLA
 
 configs/general.py scans its decoder layers (`model.scan_layers=True`: one `lax.scan` over
 weights stacked inside the program); `--set model.scan_layers=False` compiles the unrolled
-layers, and the printed estimate follows the switch (`setup.memory_estimate`).
+layers.
 
 Each row compiles the preset at its full depth (1-2 min per row and program set on a 2-core
 CPU: the layers' shapes repeat, so XLA's compile time grows slowly with depth).
@@ -18,15 +18,15 @@ Each row runs in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_co
 target's device count) set before jax is imported, builds the run with an abstract model
 (`jaxsocial.scale.aot`: ShapeDtypeStruct weights with the loop's shardings, nothing
 allocated), lowers and compiles the rollout, scoring and update programs for the (data, fsdp,
-tensor) mesh, and prints XLA's `compiled.memory_analysis()` per device beside
-`jaxsocial.train.memory.estimate`. The summary line is the last row's (the 8 x H100 row by
-default), followed by `result: <file>` (benchmarks/results/) and the machine line, last:
+tensor) mesh, and prints XLA's `compiled.memory_analysis()` per device. The summary line is
+the last row's (the 8 x H100 row by default), followed by `result: <file>`
+(benchmarks/results/) and the machine line, last:
 
-    preset=llama3_8b mesh=1x8x1 xla_gib=X estimate_gib=Y fits_80gb=true|false
+    preset=llama3_8b mesh=1x8x1 xla_gib=X fits_80gb=true|false
 
 xla_gib is the epoch's per-device peak (the largest program's argument + output + temp - alias,
 plus the buffers the loop keeps alive beside it); fits = xla_gib <= 90% of the device's memory
-(the headroom `memory.check_fits` uses). --layers N compiles an N-layer variant of the preset
+(the headroom `train.preflight` warns above). --layers N compiles an N-layer variant of the preset
 (memory is then reported for N layers); --layers A,B extrapolates linearly from A and B
 layers, which misleads: XLA's buffer assignment is not affine in the layer count (unrolled
 8B programs keep per-layer float32 weight gradients only from a few layers on), and with
@@ -52,7 +52,6 @@ alias, plus the buffers the loop keeps alive beside it); fits = tpu_gib <= the c
 
 import argparse
 import ast
-import dataclasses
 import importlib.util
 import json
 import os
@@ -212,7 +211,6 @@ def child(spec):
     """Runs inside the subprocess (jax sees the fake devices)."""
     from jaxsocial.models import llama
     from jaxsocial.scale import aot
-    from jaxsocial.train import setup as setup_lib
     from jaxsocial.train import sharding
 
     overrides = dict(spec["overrides"])
@@ -236,21 +234,9 @@ def child(spec):
                                               f"(extrapolated from {layers}) "), flush=True)
     else:
         progs = compiled[-1]
-    est = setup_lib.memory_estimate(dataclasses.replace(
-        run.setup, model_config=run.setup.model_config.replace(num_hidden_layers=full)))
-    print(f"row={spec['name']} estimate (GiB): "
-          + " ".join(f"{k}={v / GIB:.3f}" for k, v in est.programs.items()), flush=True)
-    for p in progs:  # each compiled program beside its estimate
-        e = est.programs.get(p.name, est.peak)
-        print(f"row={spec['name']} program={p.name} xla_gib={p.peak / GIB:.2f} "
-              f"estimate_gib={e / GIB:.2f} ratio={e / max(p.peak, 1):.2f} "
-              f"(xla temp {p.temp / GIB:.2f}, estimate working set "
-              f"{est.working[p.name] / GIB:.2f})", flush=True)
     res = {
         "name": spec["name"], "setup_s": setup, "programs": aot.summary(progs),
         "compiled_layers": layers, "xla_peak": aot.epoch_peak(progs),
-        "estimate": max(est.programs.get(p.name, est.peak) for p in progs),
-        "estimate_programs": dict(est.programs), "estimate_table": est.table(),
         "prompt_len": run.setup.template.max_len,
         "response_len": run.setup.sampling.max_new_tokens,
         "trajectories": int(c.rollout.ticks_per_epoch) * run.setup.active,
@@ -322,8 +308,6 @@ def main():
         res["fits"] = fits
         results.append(res)
         print(f"row={name} xla_peak_gib={res['xla_peak'] / GIB:.2f} "
-              f"estimate_gib={res['estimate'] / GIB:.2f} "
-              f"ratio={res['estimate'] / max(res['xla_peak'], 1):.2f} "
               f"device_gib={dev_gib} fits={str(fits).lower()} wall_s={wall:.0f}", flush=True)
         last = res
     if a.json:
@@ -334,10 +318,9 @@ def main():
         m = "x".join(str(s) for s in last["mesh"])
         fits_80 = last["xla_peak"] <= 0.9 * 79.6 * GIB
         print(f"preset={last['preset']} mesh={m} xla_gib={last['xla_peak'] / GIB:.2f} "
-              f"estimate_gib={last['estimate'] / GIB:.2f} "
               f"fits_80gb={str(fits_80).lower()}")
         figures.update(preset=last["preset"], mesh=m, xla_gib=last["xla_peak"] / GIB,
-                       estimate_gib=last["estimate"] / GIB, fits_80gb=fits_80)
+                       fits_80gb=fits_80)
     # Only after every child: this process imports jax for the machine's figures here.
     finish("aot_memory", figures, record=not a.no_record)
 

@@ -205,10 +205,11 @@ def main(argv):
     workdir = _WORKDIR.value or os.path.join("runs", config.name)
     console = sys.stderr
     log_path = None
-    from jaxsocial.train import checks, workdir_lock
+    from jaxsocial.train import checks, fit, workdir_lock
     before = _entries(workdir)
     try:  # a config that fails its check writes nothing, not even the workdir
         checks.check(config)
+        fit.check_state(config)  # the run's state against this machine's memory
         if config.train.get("preflight", ""):  # compiled for its target before anything else
             from jaxsocial.scale import preflight
 
@@ -219,7 +220,7 @@ def main(argv):
         if int(config.distributed.get("process_id", -1)) <= 0:
             workdir_lock.check_free(workdir)
         workdir_lock.prepare(workdir)
-    except (ValueError, ImportError, workdir_lock.WorkdirBusy) as e:
+    except (ValueError, ImportError, FileNotFoundError, workdir_lock.WorkdirBusy) as e:
         console.write(f"error: {_one_line(e)}\n")
         sys.exit(1)
     if not _VERBOSE.value:
@@ -240,7 +241,7 @@ def main(argv):
     from jaxsocial.train import checkpointing, runner
     try:
         summary = runner.train(config, workdir, resume=_RESUME.value, progress=_PROGRESS.value,
-                               progress_file=console)
+                               progress_file=console, checked=True)
         global _PHASE
         _PHASE = "after the run returned (everything is saved)"
     except (ValueError, FileNotFoundError, OSError, checkpointing.CheckpointError,

@@ -9,7 +9,7 @@ import jax
 import pytest
 from conftest import load_config_file
 
-from jaxsocial.train import fit, runner, sharding
+from jaxsocial.train import fit, machine, runner, sharding
 from jaxsocial.train import run as run_lib
 
 GiB = 2 ** 30
@@ -61,7 +61,7 @@ def test_a_run_that_cannot_fit_is_refused_before_its_workdir_is_written(built, t
     # A machine a little smaller than the prediction; the user's own micro-batch (32 rows).
     c = smoke(micro_batch=32)
     tight = pred.resident + pred.program // 2
-    monkeypatch.setattr(fit.memory, "machine_memory", lambda: (tight, "RAM", False))
+    monkeypatch.setattr(machine, "machine_memory", lambda: (tight, "RAM", False))
     fixed = one_device_run(c)
     w = tmp_path / "w"
     with pytest.raises(ValueError) as e:
@@ -71,7 +71,7 @@ def test_a_run_that_cannot_fit_is_refused_before_its_workdir_is_written(built, t
     assert "GiB of RAM" in msg
     assert not os.path.exists(w / "config.json") and not os.path.exists(w / "metrics.jsonl")
     # Control: the same run on a machine with room trains its epoch.
-    monkeypatch.setattr(fit.memory, "machine_memory", lambda: (64 * GiB, "RAM", False))
+    monkeypatch.setattr(machine, "machine_memory", lambda: (64 * GiB, "RAM", False))
     summary = runner.train(c, str(w), run=fixed)
     assert summary["epochs"] == 1
 

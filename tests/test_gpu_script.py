@@ -41,7 +41,7 @@ def test_the_gpu_rows_use_keys_the_config_knows():
     assert len(pairs) >= 10 and ("rl.num_minibatches", "4") in pairs
     c = apply(load_config_file("configs/general.py"), pairs)
     c.model.checkpoint = ""  # SMOL's GGUF path exists only on the device
-    checks.check(c, machine=False)
+    checks.check(c)
     assert "--dry" in text and "decode_8b" in text and "compiled_gb" in text
     # negative control: an old key name is refused
     with pytest.raises(KeyError, match="rl.minibatches"):

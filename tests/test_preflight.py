@@ -68,12 +68,12 @@ def test_checks_name_a_malformed_preflight_target():
 def test_preflight_refuses_a_run_that_does_not_fit(monkeypatch):
     """`train.preflight=auto`: this process's CPU devices; with a 1 MiB "device" the epoch does
     not fit and the refusal is one line naming the target and the sizes."""
-    from jaxsocial.train import memory
+    from jaxsocial.train import machine
 
     c = load_config_file("configs/demo.py", "smoke")
     c.mesh.shape = (1, 1, 1)
     c.train.preflight = "auto"
-    monkeypatch.setattr(memory, "device_memory_bytes", lambda: 1 << 20)
+    monkeypatch.setattr(machine, "device_memory_bytes", lambda: 1 << 20)
     monkeypatch.setattr(targets.jax, "devices", lambda: targets.jax.local_devices()[:1])
     with pytest.raises(ValueError) as e:
         preflight.check(c)
@@ -81,7 +81,7 @@ def test_preflight_refuses_a_run_that_does_not_fit(monkeypatch):
     assert "\n" not in msg and "train.preflight='auto'" in msg, msg
     assert "more than the device's 0.0 GiB" in msg and "mesh.shape=(1, 1, 1)" in msg, msg
     # control: with room, the same compile passes and reports the program
-    monkeypatch.setattr(memory, "device_memory_bytes", lambda: 1 << 40)
+    monkeypatch.setattr(machine, "device_memory_bytes", lambda: 1 << 40)
     report = preflight.check(c)
     assert report.fits and report.programs[0].name == "epoch" and report.peak > 0
 

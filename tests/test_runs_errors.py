@@ -231,7 +231,7 @@ def test_sigterm_during_set_up_exits_cleanly_and_loses_nothing(monkeypatch, tmp_
     (w / "metrics.jsonl").write_text('{"epoch": 1}\n')
 
     class Killed:
-        def __init__(self, config):
+        def __init__(self, config, **kw):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)  # the handler raises inside this sleep
             raise AssertionError("SIGTERM did not stop the set-up")

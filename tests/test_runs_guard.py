@@ -28,7 +28,7 @@ class Built(Exception):
 
 @pytest.fixture
 def no_model(monkeypatch):
-    def built(config):
+    def built(config, **kw):
         raise Built()
     monkeypatch.setattr(run_lib, "build_run", built)
 
@@ -218,7 +218,7 @@ def test_sigint_before_the_first_epoch_is_named(tmp_path, monkeypatch):
     c = load_config_file("configs/demo.py", "smoke")
 
     class Interrupted:
-        def __init__(self, config):
+        def __init__(self, config, **kw):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(5)  # the handler raises inside this sleep
             raise AssertionError("SIGINT did not stop the set-up")

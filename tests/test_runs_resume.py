@@ -324,7 +324,7 @@ def test_a_summary_without_metrics_or_checkpoints_is_no_fresh_start(tmp_path):
     class Built(Exception):
         pass
 
-    def build(config):
+    def build(config, **kw):
         raise Built()
     import unittest.mock
     with unittest.mock.patch.object(run_lib, "build_run", build), pytest.raises(Built):

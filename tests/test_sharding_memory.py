@@ -1,4 +1,4 @@
-"""Mesh construction, logical-axis rules and the memory estimator."""
+"""Mesh construction and logical-axis rules."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from jaxsocial.models import llama
-from jaxsocial.train import memory, sharding
+from jaxsocial.train import sharding
 
 
 def test_mesh_shape_resolution_and_errors():
@@ -50,40 +50,14 @@ def test_non_divisible_dimension_is_replicated_and_unknown_name_is_an_error():
         sharding.logical_to_spec(("heads_typo",), (8,), mesh)
 
 
-def test_memory_estimate_matches_live_bytes_for_tiny_config():
-    cfg = llama.preset("tiny")
-    before = sum(a.nbytes for a in jax.live_arrays())
-    model = llama.init(cfg)
-    _, params = nnx.split(model, nnx.Param)
-    reference = jax.tree.map(jnp.copy, params)
-    opt_state = optax.adamw(1e-3).init(params)
-    cache = llama.init_cache(cfg, batch=4, max_len=48)
-    live = sum(a.nbytes for a in jax.live_arrays()) - before
-    est = memory.estimate(cfg, (1, 1, 1), batch=4, prompt_len=32, response_len=16)
-    predicted = est.params + est.reference + est.optimizer + est.kv_cache
-    assert abs(predicted - live) / live < 0.3, (predicted, live)
-    del reference, opt_state, cache
-
-
-def test_memory_estimate_scales_with_mesh_and_warns():
-    cfg = llama.preset("llama3_8b", param_dtype="bfloat16", dtype="bfloat16")
-    one = memory.estimate(cfg, (1, 1, 1), batch=8, prompt_len=512, response_len=256)
-    eight = memory.estimate(cfg, (1, 8, 1), batch=8, prompt_len=512, response_len=256)
-    assert 7.5 < one.params / eight.params <= 8.0
-    assert one.params == pytest.approx(cfg.num_params() * 2, rel=1e-6)
-    assert not memory.check_fits(one, 16 * memory.GiB)
-    assert memory.check_fits(eight, 1000 * memory.GiB)
-
-
 @pytest.mark.parametrize("switches", [{}, dict(qkv_bias=True, o_bias=True, qk_norm=True,
                                                model_type="qwen3")])
 def test_parameter_count_of_every_family_matches_the_model(switches):
-    """The estimator's parameter table counts what the NNX model holds (biases, QK-norm)."""
+    """`LlamaConfig.num_params` counts what the NNX model holds (biases, QK-norm)."""
     cfg = llama.preset("tiny", head_dim=24, **switches)
     model = llama.init(cfg)
     actual = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-    table = sum(np.prod(shape) * count for shape, _, count in memory._param_shapes(cfg).values())
-    assert table == actual == cfg.num_params()
+    assert actual == cfg.num_params()
 
 
 def _saved_residual_bytes(fn, *args):

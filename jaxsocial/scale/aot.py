@@ -43,9 +43,9 @@ from jaxsocial.rl import optim
 from jaxsocial.rl import policy as policy_lib
 from jaxsocial.rl import ppo as ppo_lib
 from jaxsocial.train import config as run_config
-from jaxsocial.train import memory, sharding
 from jaxsocial.train import run as run_lib
 from jaxsocial.train import setup as setup_lib
+from jaxsocial.train import sharding
 from jaxsocial.train.setup import RunState
 
 GiB = 1024 ** 3
@@ -101,17 +101,17 @@ def _with_shardings(tree, shardings):
     return jax.tree.map(_abstract, tree, shardings)
 
 
-def abstract_run(config, mesh=None, model_overrides: Optional[Dict[str, Any]] = None
-                 ) -> run_lib.Run:
+def abstract_run(config, mesh=None, model_overrides: Optional[Dict[str, Any]] = None,
+                 checked: bool = False) -> run_lib.Run:
     """`train.run.abstract_run`: the run of `config` with ShapeDtypeStruct weights and text
     (no checkpoint is read and no weight allocated; the tokenizer is config.tokenizer or the
     tiny one). model_overrides: LlamaConfig fields replacing the preset's (e.g. fewer
-    layers)."""
+    layers); checked: the caller has run `checks.check`."""
     model_config = None
     if model_overrides:
         args = dict(run_config.model_args(config), path_or_preset=config.model.preset)
         model_config = loading.load_config(**args).replace(**model_overrides)
-    return run_lib.abstract_run(config, mesh, model_config=model_config)
+    return run_lib.abstract_run(config, mesh, model_config=model_config, checked=checked)
 
 
 def abstract_state(run: run_lib.Run) -> RunState:
@@ -213,18 +213,14 @@ def abstract_update(model_config: llama.LlamaConfig, rl_config, mesh, *, rows: i
     return update, (train, batch)
 
 
-def format_report(progs: List[ProgramMemory], est: Optional[memory.MemoryEstimate] = None,
-                  prefix: str = "") -> str:
+def format_report(progs: List[ProgramMemory], prefix: str = "") -> str:
     """One line per program: argument / output / temp / alias / total / other / peak GiB."""
     lines = []
     for p in progs:
-        e = ""
-        if est is not None and p.name in est.programs:
-            e = f" estimate={est.programs[p.name] / GiB:.3f}"
         lines.append(f"{prefix}program={p.name} arg={p.argument / GiB:.3f} "
                      f"out={p.output / GiB:.3f} temp={p.temp / GiB:.3f} "
                      f"alias={p.alias / GiB:.3f} total={p.total / GiB:.3f} "
-                     f"other={p.other / GiB:.3f} peak={p.peak / GiB:.3f}{e} GiB "
+                     f"other={p.other / GiB:.3f} peak={p.peak / GiB:.3f} GiB "
                      f"compile_s={p.compile_s:.1f}")
     return "\n".join(lines)
 

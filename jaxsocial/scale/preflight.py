@@ -21,7 +21,7 @@ from absl import logging
 from jaxsocial.scale import aot, targets
 
 GiB = 1024 ** 3
-WARN_SHARE = 0.9  # as memory.check_machine: warn above 90% of the memory
+WARN_SHARE = 0.9  # warn above 90% of the device's memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,16 +54,18 @@ class Preflight:
                 f"compile_s={p.compile_s:.0f}" for p in self.programs]
 
 
-def preflight(config, target: Optional[str] = None, model_overrides=None) -> Preflight:
+def preflight(config, target: Optional[str] = None, model_overrides=None,
+              checked: bool = False) -> Preflight:
     """Compile `config`'s epoch for `target` (default: `config.train.preflight`): the one
     donated program, or the three of the host-reward path. model_overrides: LlamaConfig fields
-    replacing the model's (e.g. fewer layers, for a test)."""
+    replacing the model's (e.g. fewer layers, for a test); checked: the caller has run
+    `checks.check`."""
     spec = target or str(config.train.get("preflight", "") or "")
     if not spec:
         raise ValueError("no target: set --config.train.preflight (e.g. tpu:v5e:8x8 or auto)")
     tgt = targets.resolve(spec)
     mesh = targets.mesh(tgt, tuple(config.mesh.shape))
-    run = aot.abstract_run(config, mesh, model_overrides)
+    run = aot.abstract_run(config, mesh, model_overrides, checked=checked)
     names = ("epoch",) if run.setup.fused else ("rollout", "score", "update")
     progs = aot.compile_epoch(run, programs=names)
     return Preflight(target=tgt, mesh_shape=tuple(mesh.shape.values()),
@@ -71,11 +73,12 @@ def preflight(config, target: Optional[str] = None, model_overrides=None) -> Pre
 
 
 def check(config) -> Optional[Preflight]:
-    """`train.preflight`, if set: log the compiler's figures and raise ValueError (one line)
-    when the epoch does not fit one device of the target; warn above 90%."""
+    """`train.preflight`, if set, for a config `checks.check` passed: log the compiler's figures
+    and raise ValueError (one line) when the epoch does not fit one device of the target; warn
+    above 90%."""
     if not str(config.train.get("preflight", "") or ""):
         return None
-    report = preflight(config)
+    report = preflight(config, checked=True)
     for line in report.lines():
         logging.info("preflight: %s", line)
         print(line, flush=True)

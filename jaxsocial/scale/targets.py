@@ -23,7 +23,7 @@ from typing import Sequence, Tuple
 import jax
 import numpy as np
 
-from jaxsocial.train import memory, sharding
+from jaxsocial.train import machine, sharding
 
 GiB = 1024 ** 3
 
@@ -136,9 +136,9 @@ def _gpu(chip: str, count: str) -> Target:
 
 def _attached() -> Target:
     devices = tuple(jax.devices())
-    per_device = memory.device_memory_bytes()
+    per_device = machine.device_memory_bytes()
     if per_device is None:  # the CPU: its devices share the host's RAM
-        per_device = memory.host_memory_bytes() // max(1, len(devices))
+        per_device = machine.host_memory_bytes() // max(1, len(devices))
     return Target("auto", devices, int(per_device), devices[0].platform)
 
 

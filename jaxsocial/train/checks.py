@@ -2,8 +2,9 @@
 
 `check(config)` raises one ValueError listing every inconsistent value (named by its
 `--config.` key) before a model is built: a bad value must not surface minutes later inside a
-compiled program, nor be blamed on another key. The sizes against the hard limits and this
-machine's memory come from `train.bounds`. (The keys and their defaults: `train.config`.)
+compiled program, nor be blamed on another key. The sizes against the hard limits come from
+`train.bounds`; whether the run fits this machine is `train.fit`'s. (The keys and their
+defaults: `train.config`.)
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ from jaxsocial.train import config as run_config
 _get = run_config.config_get
 
 
-def check(config: ml_collections.ConfigDict, machine: bool = True) -> None:
-    """Raise ValueError naming every inconsistent `--config.` value (cheap: nothing is built).
-    machine: also check the sizes against this machine's memory (`bounds.problems`); False for
-    a build that allocates nothing and may target a bigger machine (`scale.aot`)."""
+def check(config: ml_collections.ConfigDict) -> None:
+    """Raise ValueError naming every inconsistent `--config.` value (cheap: nothing is built,
+    JAX's backend is not started)."""
     problems: List[str] = []
 
     def need(ok: bool, msg: str):
@@ -160,16 +160,15 @@ def check(config: ml_collections.ConfigDict, machine: bool = True) -> None:
          f"train.preflight={target!r}; name a target as 'tpu:<chip>:<topology>', "
          f"'gpu:<chip>:<count>' or 'auto' (jaxsocial.scale.targets)")
     if not problems:
-        problems += bound_problems(config, machine)
+        problems += bound_problems(config)
     if problems:
         raise ValueError("invalid config: " + "; ".join(problems))
 
 
-def bound_problems(config: ml_collections.ConfigDict, machine: bool = True) -> List[str]:
-    """The config's sizes against the hard limits and this machine's memory (`bounds.problems`:
-    persona length, int32 ids, the text-bank pass, the epoch's buffers), for a config whose
-    values are otherwise consistent."""
+def bound_problems(config: ml_collections.ConfigDict) -> List[str]:
+    """The config's sizes against the hard limits (`bounds.problems`: persona length, int32
+    ids, the model's context), for a config whose values are otherwise consistent."""
     try:
-        return bounds.problems(config, machine)
-    except ValueError as e:  # e.g. an unknown rl.* key, met while sizing the update
+        return bounds.problems(config)
+    except ValueError as e:  # e.g. an unreadable value met while reading the limits
         return [str(e)]

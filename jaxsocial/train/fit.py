@@ -1,7 +1,12 @@
-"""Will this run fit? Asked of the compiler: the epoch program compiled (as it must be to run),
-XLA's `memory_analysis()` of it, plus what the process already holds.
+"""Will this run fit this machine? Asked of the compiler: the epoch program compiled (as it must
+be to run), XLA's `memory_analysis()` of it, plus what the process already holds.
 
+    fit.check_state(config)                         # before anything is built; may refuse
     run, compiled, pred = fit.fit_run(run, state)   # before the first epoch; may refuse
+
+Before anything is built, `check_state` refuses a run whose state alone (weights, optimizer
+state, society: `jax.eval_shape` of their initialisers) cannot fit, naming the key behind its
+largest part; such a run could not even be set up.
 
 On the CPU the devices live in this process and share its RAM, so the run's peak is predicted
 as the resident set once the run is built (the runtime, the weights, the text banks, the
@@ -17,14 +22,96 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-from typing import Any, Optional, Tuple
+import math
+import os
+from typing import Any, Dict, Optional, Tuple
 
+import jax
 from absl import logging
 
 from jaxsocial.train import config as run_config
-from jaxsocial.train import memory
+from jaxsocial.train import machine as machine_lib
+from jaxsocial.train import setup as setup_lib
+from jaxsocial.train import sharding
 
 GiB = 2 ** 30
+
+# The parts of a run's state, what each holds and the key that sizes it (`state_parts`).
+_PARTS = {
+    "model": "the weights, reference and optimizer state",
+    "society.post_capacity": "the society's post ring",
+    "society.num_users": "the society's per-user arrays",
+    "agents.num_agents": "the agents' inboxes",
+}
+
+
+def tree_bytes(tree) -> int:
+    """Bytes of a pytree of arrays or ShapeDtypeStructs, every leaf whole."""
+    return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree)
+               if hasattr(x, "shape"))
+
+
+def state_parts(state) -> Dict[str, int]:
+    """Bytes of a RunState by the config key that sizes them (`_PARTS`)."""
+    soc = state.society
+    return {"model": tree_bytes(state.train),
+            "society.post_capacity": tree_bytes(soc.posts),
+            "society.num_users": tree_bytes((soc.users, soc.graph, soc.memory)),
+            "agents.num_agents": tree_bytes(soc.inbox)}
+
+
+def check_state(config, mesh=None) -> None:
+    """Refuse (ValueError, one line) a run whose state alone exceeds this machine's memory:
+    the weights, optimizer state and society `init_state` would build, as `jax.eval_shape`
+    gives them (`setup.config_state`; nothing is built). The line names the config key behind
+    the largest part. On the CPU the devices share the RAM, which must hold the state at least
+    once; on a GPU / TPU one device must hold at least its even share over the mesh. Skipped
+    in a multi-process run (JAX's backend must not start before `jax.distributed.initialize`)."""
+    c = config
+    if bool(run_config.config_get(c, "distributed.enabled", False)) or os.environ.get(
+            "JAX_COORDINATOR_ADDRESS"):
+        return
+    parts = state_parts(setup_lib.config_state(c))
+    limit, kind, per_device = machine_lib.machine_memory()
+    total = sum(parts.values())
+    devices = mesh.size if mesh is not None else _mesh_devices(c)
+    need = -(-total // devices) if per_device else total
+    if need <= limit:
+        return
+    key = max(parts, key=parts.get)
+    per = f" per device over mesh.shape={tuple(c.mesh.shape)}" if per_device else ""
+    name, advice = _name(c, key, per_device)
+    raise ValueError(
+        f"{name}: the run's state needs {_gib(need)} GiB{per} before its first epoch "
+        f"({_PARTS[key]}: {_gib(parts[key])} of {_gib(total)} GiB, by jax.eval_shape of its "
+        f"initialisers), more than this machine's {limit / GiB:.1f} GiB of {kind}; {advice}")
+
+
+def _mesh_devices(config) -> int:
+    try:
+        return math.prod(sharding.resolve_mesh_shape(tuple(config.mesh.shape),
+                                                     jax.device_count()))
+    except ValueError:  # the set-up names a mesh that does not fit the devices
+        return jax.device_count()
+
+
+def _name(config, key: str, per_device: bool) -> Tuple[str, str]:
+    """(`key=value` as the refusal names it, what to do about it)."""
+    c = config
+    if key == "model":
+        name = (f"model.checkpoint={c.model.checkpoint!r}" if c.model.get("checkpoint", "")
+                else f"model.preset={c.model.preset!r}")
+        shard = "shard it over more devices (mesh.shape), " if per_device else ""
+        return name, f"{shard}train LoRA adapters (rl.lora_rank) or use a smaller model"
+    users, agents = int(c.society.num_users), int(c.agents.num_agents)
+    if key == "society.num_users" and users == agents:  # it may not go below num_agents
+        return (f"agents.num_agents={agents}, society.num_users={users}",
+                "lower agents.num_agents and society.num_users")
+    return f"{key}={run_config.config_get(c, key)}", f"lower {key}"
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:,.0f}" if n >= 10 * GiB else f"{n / GiB:.1f}"
 
 
 def resident_bytes() -> int:
@@ -105,11 +192,11 @@ class Prediction:
 def predict(compiled: Any, devices: int, machine: Optional[Tuple[int, str, bool]] = None
             ) -> Prediction:
     """The `Prediction` of a compiled program run on `devices` local devices (CPU: they share
-    the RAM). machine: `memory.machine_memory()` unless given."""
+    the RAM). machine: `train.machine.machine_memory()` unless given."""
     ma = compiled.memory_analysis()
     temp, args = int(ma.temp_size_in_bytes), int(ma.argument_size_in_bytes)
     out, alias = int(ma.output_size_in_bytes), int(ma.alias_size_in_bytes)
-    limit, kind, per_device = machine or memory.machine_memory()
+    limit, kind, per_device = machine or machine_lib.machine_memory()
     if per_device:
         return Prediction(0, args + out - alias + temp, temp, args, out, alias, 1, limit, kind)
     n = max(1, int(devices))
@@ -123,8 +210,6 @@ def fit_run(run, state) -> Tuple[Any, Any, Prediction]:
     machine. An automatic micro-batch that does not fit is halved (the run rebuilt with
     `setup.with_micro_batch`) until it does; a run that cannot fit raises ValueError in one
     line naming what it needs and the keys that shrink it."""
-    from jaxsocial.train import setup as setup_lib
-
     devices = len(run.mesh.local_devices)
     while True:
         compiled = run.compile_epoch(state)

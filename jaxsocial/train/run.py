@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from jaxsocial.train import checks, fit, host, sharding
 from jaxsocial.train import cohorts as cohorts_lib
 from jaxsocial.train import epoch as epoch_lib
-from jaxsocial.train import fit, host, sharding
 from jaxsocial.train import setup as setup_lib
 from jaxsocial.train.epoch import EpochFns
 from jaxsocial.train.setup import RunState, Setup, Text, Weights
@@ -174,9 +174,6 @@ class Run:
         Face directory."""
         host.export_policy(self.setup, state, path, write=write, initial=initial, cohort=cohort)
 
-    def memory_estimate(self):
-        return setup_lib.memory_estimate(self.setup)
-
 
 def programs(setup: Setup, weights: Weights, text: Text) -> Dict[str, Any]:
     """The epoch's pure functions and compiled programs for `Run`'s fields (weights and text
@@ -198,26 +195,31 @@ def programs(setup: Setup, weights: Weights, text: Text) -> Dict[str, Any]:
                       out_shardings=(sh, rep, rep)))
 
 
-def build_run(config: ml_collections.ConfigDict, mesh=None) -> Run:
-    """The run of `config`: `setup.build_setup` (checks, refuses a run that cannot fit this
-    machine), `setup.init_weights`, `setup.embed_text`, then the epoch's programs."""
-    setup = setup_lib.build_setup(config, mesh)
+def build_run(config: ml_collections.ConfigDict, mesh=None, checked: bool = False) -> Run:
+    """The run of `config`: the config checked (`checks.check`) and its state against this
+    machine (`fit.check_state`) unless the caller has (checked=True), then `setup.build_setup`,
+    `setup.init_weights`, `setup.embed_text` and the epoch's programs."""
+    if not checked:
+        checks.check(config)
+        fit.check_state(config, mesh)
+    setup = setup_lib.build_setup(config, mesh, checked=True)
     weights = setup_lib.init_weights(config, setup)
     text = setup_lib.embed_text(setup, weights)
     return Run(setup=setup, weights=weights, text=text, **programs(setup, weights, text))
 
 
 def abstract_run(config: ml_collections.ConfigDict, mesh=None,
-                 model_config: Optional[Any] = None) -> Run:
+                 model_config: Optional[Any] = None, checked: bool = False) -> Run:
     """The run of `config` with ShapeDtypeStruct weights and text banks: nothing is read or
     allocated, so its programs can be compiled for another machine (`scale.aot`). The config's
     checkpoint (if any) is replaced by its preset; model_config: a `LlamaConfig` to build for
-    instead (e.g. fewer layers). This machine's memory is not checked."""
+    instead (e.g. fewer layers). This machine's memory is not checked; checked=True: nor the
+    config (the caller has)."""
     config = config.copy_and_resolve_references()
     with config.unlocked():
         config.model.checkpoint = ""
         config.model.require_checkpoint = False
-    setup = setup_lib.build_setup(config, mesh, check_machine=False, model_config=model_config)
+    setup = setup_lib.build_setup(config, mesh, checked=checked, model_config=model_config)
     weights = jax.eval_shape(lambda: setup_lib.init_weights(config, setup))
     text = setup_lib.abstract_text(setup)
     return Run(setup=setup, weights=weights, text=text, **programs(setup, weights, text))

@@ -145,18 +145,21 @@ def _start_fork(run, state, workdir: str, source: str, step: int, lead: bool):
 
 def train(config: ml_collections.ConfigDict, workdir: str, resume: bool = True,
           progress: bool = False, stop_after: Optional[int] = None,
-          run: Optional[run_lib.Run] = None, progress_file=None) -> Dict[str, Any]:
+          run: Optional[run_lib.Run] = None, progress_file=None,
+          checked: bool = False) -> Dict[str, Any]:
     """Run (or resume) training in `workdir`. Returns the summary dict (also summary.json).
 
-    Before anything is built the config is checked (`checks.check`) and, when resuming,
-    compared with workdir/config.json (`check_resume`). The newest checkpoint that restores
-    and verifies is used (corrupt ones are set aside with a warning). metrics.jsonl,
-    samples.jsonl and the TensorBoard events are cut to the restored epoch on every start, so
-    each epoch is logged exactly once. A SIGTERM or SIGINT before the epoch loop returns at
-    once (with "stopped": the signal's name); during it, the loop checkpoints and stops after
-    the epoch (one that arrives while a checkpoint is being saved stops the run right after
-    that save). A workdir that holds logged epochs but no checkpoint is refused (ValueError)
-    unless `resume=False`: it cannot be resumed, and starting over would cut its logs.
+    Before anything is built or written the config is checked (`checks.check`) and its state
+    against this machine (`fit.check_state`), unless the caller has (checked=True: the
+    launcher); when resuming it is compared with workdir/config.json (`check_resume`). The
+    newest checkpoint that restores and verifies is used (corrupt ones are set aside with a
+    warning). metrics.jsonl, samples.jsonl and the TensorBoard events are cut to the restored
+    epoch on every start, so each epoch is logged exactly once. A SIGTERM or SIGINT before the
+    epoch loop returns at once (with "stopped": the signal's name); during it, the loop
+    checkpoints and stops after the epoch (one that arrives while a checkpoint is being saved
+    stops the run right after that save). A workdir that holds logged epochs but no checkpoint
+    is refused (ValueError) unless `resume=False`: it cannot be resumed, and starting over would
+    cut its logs.
 
     One run per workdir: the lead process holds `workdir/run.lock` (`workdir_lock`) from before
     anything is read or deleted until the end, so a second run on a live workdir is refused
@@ -170,7 +173,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, resume: bool = True,
     interruption); checkpoints are written as configured. run: a `train.run.Run` already built
     from the same config (reuses its compiled programs). progress_file: stream for the bar.
     """
-    checks.check(config)
+    if not checked:
+        checks.check(config)
+        fit.check_state(config)
     lock = workdir_lock.WorkdirLock(workdir)
     with checkpointing.PreemptionGuard(immediate=True) as guard:
         try:
@@ -240,7 +245,7 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
         ckpt.delete_all()
     changes = check_resume(config, workdir) if resuming else {}
     fork = None if resuming else fork_source(config, workdir)
-    run = run if run is not None else run_lib.build_run(config)
+    run = run if run is not None else run_lib.build_run(config, checked=True)
     state = run.init_state()
     if run.setup.fused:  # compiled and checked against the machine before anything is written
         run, _, _ = fit.fit_run(run, state)  # (it logs its prediction)

@@ -35,7 +35,7 @@ from jaxsocial.rl import policy as policy_lib
 from jaxsocial.rl import ppo as ppo_lib
 from jaxsocial.social import activation, society, text_bank
 from jaxsocial.social.state import SocialParams, normalize
-from jaxsocial.train import checks, code_problems, embed_cache, memory, sharding, society_encoder
+from jaxsocial.train import checks, code_problems, embed_cache, sharding, society_encoder
 from jaxsocial.train import cohorts as cohorts_lib
 from jaxsocial.train import config as run_config
 
@@ -155,16 +155,16 @@ class Setup:
         return self.text_tokens.topics
 
 
-def build_setup(config: ml_collections.ConfigDict, mesh=None, *, check_machine: bool = True,
+def build_setup(config: ml_collections.ConfigDict, mesh=None, *, checked: bool = False,
                 model_config: Optional[llama.LlamaConfig] = None) -> Setup:
-    """The frozen set-up of a run (no weight is read): the config checked (`checks.check`),
-    the model's config and tokenizer, society params, prompt template, action vocabulary and
-    grammar, sampling, the RL config, the policy definition and its compiled update, the
-    society encoder's definition and the tokenized text banks. check_machine: refuse a run
-    whose epoch cannot fit this machine (`check_memory`); False for a build that targets
-    another machine (`scale.aot`). model_config: a `LlamaConfig` to build for instead of the
-    config's model (a random preset-shaped model, e.g. with fewer layers)."""
-    checks.check(config, machine=check_machine)  # before anything is built or compiled
+    """The frozen set-up of a run (no weight is read): the config checked (`checks.check`;
+    checked=True: the caller has), the model's config and tokenizer, society params, prompt
+    template, action vocabulary and grammar, sampling, the RL config, the policy definition and
+    its compiled update, the society encoder's definition and the tokenized text banks.
+    model_config: a `LlamaConfig` to build for instead of the config's model (a random
+    preset-shaped model, e.g. with fewer layers)."""
+    if not checked:
+        checks.check(config)  # before anything is built or compiled
     c = config
     mesh = mesh if mesh is not None else sharding.make_mesh(tuple(c.mesh.shape))
     args = run_config.model_args(c)
@@ -218,8 +218,6 @@ def build_setup(config: ml_collections.ConfigDict, mesh=None, *, check_machine: 
         code=code,
         # One compiled program per epoch unless a reward is computed on the host (code bonus).
         fused=bool(c.train.get("fused_epoch", True)) and not code, cohorts=cohorts)
-    if check_machine:
-        check_memory(setup)
     return setup
 
 
@@ -300,8 +298,9 @@ def _value_mode(c) -> str:
     return "none" if c.rl.algo == "grpo" else c.rl.value_mode
 
 
-def _policy_def(c, model_config) -> policy_lib.PolicyDef:
-    """The policy's definition (graph, value mode, LoRA) from its initialiser's shapes."""
+def _policy_shapes(c, model_config):
+    """(policy definition, params, reference): the policy's graph, value mode and LoRA, and
+    `jax.eval_shape` of its initialiser's weights."""
     box = {}
 
     def init():
@@ -309,8 +308,12 @@ def _policy_def(c, model_config) -> policy_lib.PolicyDef:
         box["pdef"], params, ref = policy_lib.init_policy(
             model, jax.random.key(0), lora=_lora(c), value_mode=_value_mode(c))
         return params, ref
-    jax.eval_shape(init)
-    return box["pdef"]
+    params, ref = jax.eval_shape(init)
+    return box["pdef"], params, ref
+
+
+def _policy_def(c, model_config) -> policy_lib.PolicyDef:
+    return _policy_shapes(c, model_config)[0]
 
 
 def _encoder_def(c, tokenizer, model_config, sp) -> EncoderDef:
@@ -464,22 +467,47 @@ def init_state(setup: Setup, weights: Weights, text: Text) -> RunState:
 
 
 def _fresh_state(setup: Setup, weights: Weights, text: Text) -> RunState:
-    key = jax.random.key(int(setup.config.seed))
+    return _initial_state(int(setup.config.seed), setup.rl_config, setup.pdef, setup.cohorts,
+                          setup.social_params, weights, text)
+
+
+def _initial_state(seed: int, rl_config, pdef, cohorts, sp: SocialParams, weights: Weights,
+                   text: Optional[Text]) -> RunState:
+    key = jax.random.key(seed)
     k_train, k_soc, k_loop = jax.random.split(key, 3)
     # Fresh buffers throughout: the one-program epoch donates the state, so nothing in it
     # may share a buffer with what the run keeps (initial weights, text banks).
     copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731
-    if setup.cohorts is None:
-        train = optim.init_train_state(setup.rl_config, setup.pdef, copy(weights.params),
+    if cohorts is None:
+        train = optim.init_train_state(rl_config, pdef, copy(weights.params),
                                        copy(weights.ref), k_train)
     else:  # every trainable cohort starts from the same adapters (B = 0: the base itself)
         train = cohorts_lib.init_train_states(
-            setup.rl_config, setup.pdef, [copy(weights.params)] * setup.cohorts.num_trainable,
+            rl_config, pdef, [copy(weights.params)] * cohorts.num_trainable,
             copy(weights.ref), k_train)
-    soc = copy(society.reset(k_soc, setup.social_params, text.crowd_text, text.interest_bank,
-                             text.agent_interest))
-    return RunState(train=train, society=soc, key=jax.random.key_data(k_loop),
+    soc = (society.reset(k_soc, sp) if text is None else
+           society.reset(k_soc, sp, text.crowd_text, text.interest_bank, text.agent_interest))
+    return RunState(train=train, society=copy(soc), key=jax.random.key_data(k_loop),
                     epoch=jnp.zeros((), jnp.int32))
+
+
+def config_state(config: ml_collections.ConfigDict) -> RunState:
+    """`init_state`'s RunState for `config` as ShapeDtypeStructs, from the config alone: the
+    model's config, then `jax.eval_shape` of the policy's, the optimizer's and the society's
+    initialisers. No tokenizer, grammar, weight or text pass, so it is cheap at any size; the
+    society's crowd text banks (a fixed corpus) are left out."""
+    c = config
+    model_config = loading.load_config(**run_config.model_args(c))
+    a = int(c.agents.num_agents)
+    sp = society.make_params(**run_config.society_fields(c), num_agents=a)
+    cohorts = cohorts_lib.from_config(c)
+    active = int(c.agents.get("active_per_tick", 0)) or a
+    rl_config = run_config.rl_config(
+        c, active if cohorts is None else cohorts.active[cohorts.trained[0]])
+    pdef, params, ref = _policy_shapes(c, model_config)
+    return jax.eval_shape(
+        lambda w: _initial_state(int(c.seed), rl_config, pdef, cohorts, sp, w, None),
+        Weights(params=params, ref=ref))
 
 
 def abstract_state(setup: Setup, weights: Weights, text: Text) -> RunState:
@@ -516,36 +544,3 @@ def place(setup: Setup, state: RunState) -> RunState:
     if setup.mesh.size == 1:  # the same NamedShardings the compiled epoch returns
         return jax.device_put(state, run_state_shardings(setup, state))
     return sharding.put_global(state, run_state_shardings(setup, state))
-
-
-# ---------------------------------------------------------------------------------------------
-# memory
-
-
-def memory_estimate(setup: Setup) -> memory.MemoryEstimate:
-    """`memory.estimate` of this run's epoch: B = agents acting per tick in the rollout,
-    ticks x B trajectories scored and trained, the update's minibatch and micro-batch."""
-    c, cfg, tt = setup.config, setup.model_config, setup.text_tokens
-    rows = int(c.rollout.ticks_per_epoch) * setup.active
-    minibatch = rows // max(1, int(c.rl.num_minibatches))
-    micro = setup.rl_config.accumulation(rows)[1]
-    return memory.estimate(
-        cfg, tuple(setup.mesh.shape.values()), batch=setup.active,
-        prompt_len=setup.template.max_len, response_len=setup.sampling.max_new_tokens,
-        train_micro_batch=micro, lora_rank=int(c.rl.lora_rank), remat=cfg.remat,
-        trajectories=rows, minibatch_rows=minibatch,
-        score_micro_batch=int(setup.rl_config.micro_batch or 0), score_sharded=True,
-        attention_chunk=int(cfg.attention_chunk), donate=setup.fused,
-        social_params=setup.social_params, text_rows=len(tt.posts) + len(tt.comments),
-        grammar_bytes=memory.tree_bytes(setup.grammar), scan_layers=bool(cfg.scan_layers),
-        cohorts=1 if setup.cohorts is None else setup.cohorts.num_trainable)
-
-
-def check_memory(setup: Setup) -> None:
-    """Refuse a run whose epoch cannot fit this machine, warn near the limit
-    (`memory.check_machine`), on every backend: the per-device estimate against one
-    device's memory (GPU/TPU) or, on the CPU, the RAM the mesh's local devices share."""
-    m = setup.config.model
-    what = (f"model.checkpoint={m.checkpoint!r}" if m.checkpoint else
-            f"model.preset={m.preset!r}") + f" on mesh.shape={tuple(setup.mesh.shape.values())}"
-    memory.check_machine(memory_estimate(setup), len(setup.mesh.local_devices), what)
