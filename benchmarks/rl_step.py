@@ -1,7 +1,8 @@
 """One RL step, ours vs TRL's `GRPOTrainer`, same 19M Llama, same batch and settings.
 
-    pip install -e '.[bench]'      # trl==1.16.0 (benchmark only)
+    pip install -e '.[bench]'      # trl==1.16.0, peft==0.21.2 (benchmark only)
     python benchmarks/rl_step.py                       # GRPO: ours vs TRL; PPO: ours
+    python benchmarks/rl_step.py --lora                # + LoRA: ours vs TRL + PEFT
     python benchmarks/rl_step.py --steps 3 --skip_trl  # ours only
 
 Setting: preset `small_20m` (float32, random weights, gradient
@@ -36,6 +37,16 @@ printed twice, each with its ratio to TRL: with prompt sharing (`prompt_group=--
 without it (`prompt_group=0`, as the social loop runs). `--ablate` adds a row without sharing
 and with re-scoring (the old log-probs recomputed by a forward instead of reused).
 
+LoRA (`--lora`): ours GRPO training a LoRA only (`lora.LoraConfig(--lora_rank, --lora_alpha)`
+on q, k, v, o, gate, up, down; `init_policy(..., lora=...)`), without prompt sharing, against
+`GRPOTrainer` given PEFT's `LoraConfig` of the same rank, alpha and target modules (no dropout,
+no bias) as `peft_config`; everything else as above, and our LoRA row too runs before and after
+TRL, pooled. Neither side keeps a second model for the KL term: with PEFT, TRL computes the
+reference log-probs with the adapter disabled; ours uses the frozen base weights as the
+reference as they are (no copy). Both sides must train only the adapters: our trainable count
+(the optimizer's parameters) must equal PEFT's `get_nb_trainable_parameters()` (itself checked
+against torch's requires_grad), else the run fails; both counts are printed and recorded.
+
 PPO: trl 1.16.0 has no `PPOTrainer` (it was removed from trl; nothing in `trl.experimental`
 either), so our PPO step (value head on the policy trunk, GAE, clipped value loss) is timed
 alone and compared against TRL's GRPO step as the nearest peer (TRL's PPO did strictly more
@@ -43,8 +54,10 @@ work than its GRPO: policy + value + reference forwards and a value backward).
 
 Summary line: `ours_step_s=... trl_step_s=... ratio=... ours_unshared_step_s=...
 ratio_unshared=...` (GRPO; ratio = trl / ours, > 1: ours is faster; `ours_step_s` with prompt
-sharing, `ours_unshared_step_s` without), then `result: <file>` (benchmarks/results/) and the
-machine line, last.
+sharing, `ours_unshared_step_s` without), with `--lora` followed by `ours_lora_step_s=...
+trl_lora_step_s=... ratio_lora=...` (the result file adds `ours_lora_trainable`,
+`trl_lora_trainable`, `lora_rank`, `lora_alpha`, `lora_targets`), then `result: <file>`
+(benchmarks/results/) and the machine line, last.
 """
 from __future__ import annotations
 
