@@ -62,9 +62,9 @@ EXTRAS = {
     "tfds": ["tensorflow-datasets>=4.9.9", "array-record>=0.8"],
     # OASIS's own code (camel-oasis), the peer of benchmarks/society_scale.py, cannot be installed
     # beside jaxsocial: benchmarks/oasis-requirements.txt installs it into a venv of its own.
-    # benchmarks/rl_step.py only: TRL's GRPOTrainer as the peer of one RL step (the library
-    # never imports trl).
-    "bench": ["trl==1.16.0", "torch==2.13.0", "accelerate>=1.10,<2"],
+    # benchmarks/rl_step.py only: TRL's GRPOTrainer as the peer of one RL step, with a PEFT LoRA
+    # as the peer of its LoRA row (the library never imports trl or peft).
+    "bench": ["trl==1.16.0", "peft==0.21.2", "torch==2.13.0", "accelerate>=1.10,<2"],
 }
 
 setup(

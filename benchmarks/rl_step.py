@@ -1,7 +1,8 @@
 """One RL step, ours vs TRL's `GRPOTrainer`, same 19M Llama, same batch and settings.
 
-    pip install -e '.[bench]'      # trl==1.16.0 (benchmark only)
+    pip install -e '.[bench]'      # trl==1.16.0, peft==0.21.2 (benchmark only)
     python benchmarks/rl_step.py                       # GRPO: ours vs TRL; PPO: ours
+    python benchmarks/rl_step.py --lora                # + LoRA: ours vs TRL + PEFT
     python benchmarks/rl_step.py --steps 3 --skip_trl  # ours only
 
 Setting: preset `small_20m` (float32, random weights, gradient
@@ -36,6 +37,16 @@ printed twice, each with its ratio to TRL: with prompt sharing (`prompt_group=--
 without it (`prompt_group=0`, as the social loop runs). `--ablate` adds a row without sharing
 and with re-scoring (the old log-probs recomputed by a forward instead of reused).
 
+LoRA (`--lora`): ours GRPO training a LoRA only (`lora.LoraConfig(--lora_rank, --lora_alpha)`
+on q, k, v, o, gate, up, down; `init_policy(..., lora=...)`), without prompt sharing, against
+`GRPOTrainer` given PEFT's `LoraConfig` of the same rank, alpha and target modules (no dropout,
+no bias) as `peft_config`; everything else as above, and our LoRA row too runs before and after
+TRL, pooled. Neither side keeps a second model for the KL term: with PEFT, TRL computes the
+reference log-probs with the adapter disabled; ours uses the frozen base weights as the
+reference as they are (no copy). Both sides must train only the adapters: our trainable count
+(the optimizer's parameters) must equal PEFT's `get_nb_trainable_parameters()` (itself checked
+against torch's requires_grad), else the run fails; both counts are printed and recorded.
+
 PPO: trl 1.16.0 has no `PPOTrainer` (it was removed from trl; nothing in `trl.experimental`
 either), so our PPO step (value head on the policy trunk, GAE, clipped value loss) is timed
 alone and compared against TRL's GRPO step as the nearest peer (TRL's PPO did strictly more
@@ -43,8 +54,10 @@ work than its GRPO: policy + value + reference forwards and a value backward).
 
 Summary line: `ours_step_s=... trl_step_s=... ratio=... ours_unshared_step_s=...
 ratio_unshared=...` (GRPO; ratio = trl / ours, > 1: ours is faster; `ours_step_s` with prompt
-sharing, `ours_unshared_step_s` without), then `result: <file>` (benchmarks/results/) and the
-machine line, last.
+sharing, `ours_unshared_step_s` without), with `--lora` followed by `ours_lora_step_s=...
+trl_lora_step_s=... ratio_lora=...` (the result file adds `ours_lora_trainable`,
+`trl_lora_trainable`, `lora_rank`, `lora_alpha`, `lora_targets`), then `result: <file>`
+(benchmarks/results/) and the machine line, last.
 """
 from __future__ import annotations
 
@@ -66,6 +79,7 @@ from jaxsocial.generation import generate
 from jaxsocial.generation.sampling import SamplingConfig
 from jaxsocial.models import llama
 from jaxsocial.rl import buffer, grpo, optim, ppo
+from jaxsocial.rl import lora as lora_lib
 from jaxsocial.rl import policy as policy_lib
 
 
@@ -84,9 +98,16 @@ def make_prompts(args, vocab: int) -> np.ndarray:
 # ours
 
 
+def lora_config(args) -> lora_lib.LoraConfig:
+    """Our LoRA of `--lora_rank` / `--lora_alpha` on `lora.DEFAULT_TARGETS` (as PEFT's)."""
+    return lora_lib.LoraConfig(rank=args.lora_rank, alpha=args.lora_alpha,
+                               targets=lora_lib.DEFAULT_TARGETS)
+
+
 def ours_steps(args, model: llama.Llama, prompts: np.ndarray, algo: str, *,
-               prompt_group: int, old_logprobs: str) -> dict:
-    """Time `args.steps` steps of our `algo` after `args.warmup`: {phase: [seconds]}."""
+               prompt_group: int, old_logprobs: str, lora: bool = False) -> dict:
+    """Time `args.steps` steps of our `algo` after `args.warmup`: {phase: [seconds]}, plus
+    "trainable" (the parameters the optimizer updates: the adapters alone with `lora`)."""
     vocab = model.config.vocab_size
     g = args.group
     common = dict(learning_rate=args.lr, kl_coef=args.beta, kl_estimator="k3",
@@ -99,7 +120,13 @@ def ours_steps(args, model: llama.Llama, prompts: np.ndarray, algo: str, *,
     else:
         cfg = ppo.PPOConfig(**common)
         mod, value_mode = ppo, "head"
-    pdef, params, ref = policy_lib.init_policy(model, value_mode=value_mode)
+    if lora:
+        # The base weights are the frozen reference as they are (no copy); params = adapters.
+        pdef, params, ref = policy_lib.init_policy(model, jax.random.PRNGKey(args.seed),
+                                                   value_mode=value_mode, lora=lora_config(args))
+    else:
+        pdef, params, ref = policy_lib.init_policy(model, value_mode=value_mode)
+    trainable = lora_lib.num_params(params)
     state = optim.init_train_state(cfg, pdef, params, ref, jax.random.PRNGKey(0))
     ids = jnp.asarray(np.repeat(prompts, g, axis=0))
     mask = jnp.ones(ids.shape, bool)
@@ -131,6 +158,7 @@ def ours_steps(args, model: llama.Llama, prompts: np.ndarray, algo: str, *,
                 times[k].append(v)
     times["sanity"] = {"ratio": float(metrics["ratio"]), "loss": float(metrics["loss"]),
                        "skipped_steps": float(metrics["skipped_steps"])}
+    times["trainable"] = trainable
     return times
 
 
@@ -154,8 +182,18 @@ def word_tokenizer(vocab: int):
     return out
 
 
-def trl_steps(args, model: llama.Llama, prompts: np.ndarray) -> dict:
-    """Time TRL GRPOTrainer steps: {phase: [seconds]}."""
+def peft_config(args):
+    """PEFT's LoRA of the same rank, alpha and target modules as ours (no dropout, no bias)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha,
+                      target_modules=list(lora_lib.DEFAULT_TARGETS), lora_dropout=0.0,
+                      bias="none", task_type="CAUSAL_LM")
+
+
+def trl_steps(args, model: llama.Llama, prompts: np.ndarray, *, lora: bool = False) -> dict:
+    """Time TRL GRPOTrainer steps: {phase: [seconds]}, plus "trainable" (parameters with
+    requires_grad; with `lora`, PEFT's trainable count, checked against requires_grad)."""
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -186,8 +224,16 @@ def trl_steps(args, model: llama.Llama, prompts: np.ndarray) -> dict:
     # The checkpoint folder stays: TRL builds its reference model from the policy's
     # `name_or_path` (the Trainer puts the policy in train mode itself).
     hf = torch_model(model, tempfile.mkdtemp(prefix="rl_step_hf_"))
+    # With a peft_config TRL wraps the model in a PeftModel (base frozen) and, for the KL
+    # term, computes the reference log-probs with the adapter disabled: no second model.
     trainer = GRPOTrainer(model=hf, reward_funcs=[reward], args=cfg,
-                          train_dataset=data, processing_class=tok)
+                          train_dataset=data, processing_class=tok,
+                          peft_config=peft_config(args) if lora else None)
+    grad = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    if lora:
+        assert trainer.ref_model is None, "TRL + PEFT built a reference model"
+        trainable, _ = trainer.model.get_nb_trainable_parameters()
+        assert trainable == grad, f"PEFT trainable {trainable} != requires_grad {grad}"
     cur = {}
     times = {"generation": [], "scoring": [], "update": [], "step": []}
 
@@ -224,6 +270,7 @@ def trl_steps(args, model: llama.Llama, prompts: np.ndarray) -> dict:
     trainer.train()
     assert min(lengths) == args.new, f"TRL responses shorter than {args.new}: {lengths}"
     times["threads"] = torch.get_num_threads()
+    times["trainable"] = grad
     return times
 
 
@@ -262,6 +309,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--skip_ppo", action="store_true")
     ap.add_argument("--ablate", action="store_true",
                     help="also time ours without prompt sharing and with re-scoring")
+    ap.add_argument("--lora", action="store_true",
+                    help="also time a LoRA step: ours GRPO without prompt sharing, adapters "
+                         "only, against TRL's GRPOTrainer with a PEFT LoRA of the same rank, "
+                         "alpha and targets")
+    ap.add_argument("--lora_rank", type=int, default=8)
+    ap.add_argument("--lora_alpha", type=float, default=16.0)
     ap.add_argument("--no_record", action="store_true", help=NO_RECORD_HELP)
     return ap
 
@@ -278,6 +331,10 @@ PPO_ROWS = (("ours_ppo", "ours PPO, prompt sharing", "ppo", True, "auto"),
             ("ours_ppo_unshared", "ours PPO, no prompt sharing", "ppo", False, "auto"))
 ABLATE_ROWS = (("ours_grpo_unshared_rescored", "ours GRPO, no sharing, re-scored", "grpo",
                 False, "rescore"),)
+# LoRA: unshared only (TRL does not share prompts; the social loop cannot). Appended to the
+# spec: lora True.
+LORA_ROWS = (("ours_grpo_lora", "ours GRPO LoRA, no prompt sharing", "grpo", False, "auto",
+              True),)
 
 
 def main(argv=None):
@@ -298,27 +355,33 @@ def main(argv=None):
         print(handicap, flush=True)
 
     def run(spec):
-        key, name, algo, share, old = spec
+        key, name, algo, share, old, *lora = spec
         t = ours_steps(args, model, prompts, algo, prompt_group=args.group if share else 0,
-                       old_logprobs=old)
+                       old_logprobs=old, lora=bool(lora and lora[0]))
         print(row(name, t), flush=True)
         return t
 
     res = {}
     grpo_rows = ROWS + (ABLATE_ROWS if args.ablate else ())
-    for spec in grpo_rows:
+    lora_rows = LORA_ROWS if args.lora else ()
+    for spec in grpo_rows + lora_rows:
         res[spec[0]] = run(spec)
     if not args.skip_ppo:
         for spec in PPO_ROWS:
             res[spec[0]] = run(spec)
-    trl = float("nan")
+    trl = trl_lora = float("nan")
     if not args.skip_trl:
         res["trl_grpo"] = trl_steps(args, model, prompts)
         print(row(f"TRL GRPOTrainer ({res['trl_grpo']['threads']} torch threads)",
                   res["trl_grpo"]), flush=True)
         trl = med(res["trl_grpo"]["step"])
+        if args.lora:
+            res["trl_grpo_lora"] = trl_steps(args, model, prompts, lora=True)
+            print(row(f"TRL GRPOTrainer + PEFT LoRA ({res['trl_grpo_lora']['threads']} torch "
+                      "threads)", res["trl_grpo_lora"]), flush=True)
+            trl_lora = med(res["trl_grpo_lora"]["step"])
         # Load drifts on a shared machine: time our GRPO rows again after TRL, pool both runs.
-        for spec in grpo_rows:
+        for spec in grpo_rows + lora_rows:
             key, name = spec[:2]
             after = run((key, name + " (again, after TRL)") + spec[2:])
             for k in ("generation", "scoring", "update", "step"):
@@ -331,16 +394,37 @@ def main(argv=None):
               + (" (no PPOTrainer in trl 1.16.0: TRL's GRPO is the nearest peer)"
                  if key.startswith("ours_ppo") else ""))
     print(f"sanity: ours GRPO first ratio {res['ours_grpo']['sanity']}")
+    lora_figures = {}
+    if args.lora:
+        ours_lora = med(res["ours_grpo_lora"]["step"])
+        ours_n = res["ours_grpo_lora"]["trainable"]
+        trl_n = None if args.skip_trl else res["trl_grpo_lora"]["trainable"]
+        print(f"sanity: ours GRPO LoRA first ratio {res['ours_grpo_lora']['sanity']}; trainable "
+              f"parameters: ours {ours_n}, TRL + PEFT {trl_n} (rank {args.lora_rank}, alpha "
+              f"{args.lora_alpha:g}, {', '.join(lora_lib.DEFAULT_TARGETS)}; the model has "
+              f"{cfg.num_params()})")
+        if trl_n is not None and ours_n != trl_n:
+            raise SystemExit(f"LoRA rows train different parameter counts: ours {ours_n}, "
+                             f"TRL + PEFT {trl_n}")
+        ratios["ours_grpo_lora"] = trl_lora / ours_lora
+        print(f"TRL GRPO + PEFT LoRA step / ours GRPO LoRA step = {ratios['ours_grpo_lora']:.2f}")
+        lora_figures = {"ours_lora_step_s": ours_lora, "trl_lora_step_s": trl_lora,
+                        "ratio_lora": trl_lora / ours_lora, "lora_rank": args.lora_rank,
+                        "lora_alpha": args.lora_alpha,
+                        "lora_targets": list(lora_lib.DEFAULT_TARGETS),
+                        "ours_lora_trainable": ours_n, "trl_lora_trainable": trl_n}
     summary = {k: {p: (med(v) if isinstance(v, list) else v) for p, v in t.items()}
                for k, t in res.items()}
     print(json.dumps(summary))
     ours, unshared = med(res["ours_grpo"]["step"]), med(res["ours_grpo_unshared"]["step"])
     print(f"ours_step_s={ours:.3f} trl_step_s={trl:.3f} ratio={trl / ours:.2f} "
-          f"ours_unshared_step_s={unshared:.3f} ratio_unshared={trl / unshared:.2f}")
+          f"ours_unshared_step_s={unshared:.3f} ratio_unshared={trl / unshared:.2f}"
+          + (f" ours_lora_step_s={lora_figures['ours_lora_step_s']:.3f} trl_lora_step_s="
+             f"{trl_lora:.3f} ratio_lora={lora_figures['ratio_lora']:.2f}" if args.lora else ""))
     figures = {"ours_step_s": ours, "trl_step_s": trl, "ratio": trl / ours,
                "ours_unshared_step_s": unshared, "ratio_unshared": trl / unshared,
                "ratios_to_trl": ratios, "torch_threads": None if args.skip_trl else threads,
-               "handicap": handicap, "rows": summary}
+               "handicap": handicap, "rows": summary, **lora_figures}
     finish("rl_step", figures, record=not args.no_record,
            argv=None if argv is None else ["benchmarks/rl_step.py", *argv])
 

@@ -178,3 +178,35 @@ def test_benchmarks_point_jax_at_the_cpu_before_libtpu_can_start(imports_common)
     assert out.returncode == 0, out.stderr[-2000:]
     got = out.stdout.strip().splitlines()[-1]
     assert (got == "cpu") == imports_common, (got, out.stderr[-2000:])
+
+
+def test_rl_step_lora_rows_train_the_same_adapters_on_both_sides(tmp_path):
+    """rl_step.py --lora: our adapters and PEFT's on the same (tiny) Llama have the same
+    rank, alpha, targets and trainable count, and PEFT freezes the base."""
+    pytest.importorskip("peft")
+    import jax
+    import rl_step
+    from flax import nnx
+    from generate import torch_model
+    from peft import get_peft_model
+
+    from jaxsocial.models import llama
+    from jaxsocial.rl import lora, policy
+
+    args = rl_step.build_parser().parse_args(["--lora"])
+    ours, peft = rl_step.lora_config(args), rl_step.peft_config(args)
+    assert (peft.r, peft.lora_alpha, peft.lora_dropout) == (ours.rank, ours.alpha, 0.0)
+    assert sorted(peft.target_modules) == sorted(ours.targets) == sorted(lora.DEFAULT_TARGETS)
+    model = llama.Llama(llama.preset("tiny", dtype="float32", param_dtype="float32"),
+                        rngs=nnx.Rngs(0))
+    _, params, _ = policy.init_policy(model, jax.random.PRNGKey(0), value_mode="none",
+                                      lora=ours)
+    wrapped = get_peft_model(torch_model(model, str(tmp_path)), peft)
+    trainable, total = wrapped.get_nb_trainable_parameters()
+    assert lora.num_params(params) == trainable < total
+    assert trainable == sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+    # Negative control: another rank on our side gives another count.
+    other = lora.LoraConfig(rank=ours.rank * 2, alpha=ours.alpha, targets=ours.targets)
+    _, params2, _ = policy.init_policy(model, jax.random.PRNGKey(0), value_mode="none",
+                                       lora=other)
+    assert lora.num_params(params2) != trainable
