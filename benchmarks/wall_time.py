@@ -12,7 +12,8 @@ passes through. Recorded figures: `wall_s` (time.monotonic around the command), 
 sets of the command and all its descendants, sampled every 0.5 s: pytest's workers together),
 `load_avg_1m_start` (the machine's 1-minute load when
 the command started: above about 0.5 on an idle machine, something else was running), and, with
-`--run_dir` (a `launch/train.py` workdir), the run's per-epoch story from its metrics.jsonl
+`--run_dir`: for a `launch/simulate.py` workdir its ticks, seconds per tick, peak and predicted
+peak (summary.json); for a `launch/train.py` workdir the run's per-epoch story from its metrics.jsonl
 (likes per post, posts, total likes, zero-like share, crowd_interest_sim, do_nothing answers,
 tokens/s) and its first-third / last-third means, the figures the README's story quotes.
 A pytest command's closing counts (`N passed`, `N skipped`, `N failed`) and its own seconds are
@@ -46,6 +47,21 @@ RUN_METRICS = {
 }
 PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)")
 PYTEST_SECONDS = re.compile(r" in ([0-9.]+)s")
+
+
+def simulation(run_dir: str) -> dict:
+    """A `launch/simulate.py` workdir's figures from its summary.json ({} for any other
+    workdir): ticks, seconds per tick, its own peak RSS and the compiler-based prediction."""
+    path = os.path.join(run_dir, "summary.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        s = json.load(f)
+    if "predicted_peak_gb" not in s:
+        return {}
+    return {"ticks": s["ticks"], "seconds_per_tick": round(s["seconds_per_tick"], 4),
+            "peak_rss_gib": round(s["peak_rss_gb"], 3),
+            "predicted_peak_gib": round(s["predicted_peak_gb"], 3)}
 
 
 def run_story(run_dir: str) -> dict:
@@ -172,8 +188,9 @@ def main(argv=None):
                "last_line": last}
     figures.update(pytest_counts(last))
     if args.run_dir:
-        figures["run"] = run_story(os.path.join(ROOT, args.run_dir)
-                                   if not os.path.isabs(args.run_dir) else args.run_dir)
+        run_dir = (os.path.join(ROOT, args.run_dir) if not os.path.isabs(args.run_dir)
+                   else args.run_dir)
+        figures["run"] = simulation(run_dir) or run_story(run_dir)
     print(f"wall_s={wall:.1f} exit_code={code} peak_rss_gib={figures['peak_rss_gib']} "
           f"peak_tree_rss_gib={figures['peak_tree_rss_gib']}")
     finish(args.name, figures, record=not args.no_record)
