@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import load_config_file
 from flax import nnx
+from test_lora import merged
 from test_train_loop import mismatches, perturbed, trained_parts
 
 from jaxsocial.generation.generate import generate_from_state
@@ -49,7 +50,7 @@ def _per_cohort(fn, base, ads, lc, rows):
     out = {}
     for k in sorted(set(rows.tolist())):
         sel = np.nonzero(rows == k)[0]
-        weights = base if k < 0 else lora_lib.merge(base, ads[k], lc)
+        weights = base if k < 0 else merged(base, ads[k], lc.scale)
         out.update(zip(sel.tolist(), fn(weights, sel)))
     return [out[i] for i in range(len(rows))]
 
@@ -87,8 +88,8 @@ def test_multi_lora_generation_equals_each_cohort_alone(scan):
 
 
 def test_unmerged_scoring_equals_merged():
-    """A cohort's scoring and update forward (`LoraConfig.merged=False`: x W + s (x A) B)
-    against the merged LoRA policy: log-probs and values within 1e-5."""
+    """A cohort's (and the single policy's) scoring and update forward (x W + s (x A) B)
+    against the plain policy on merged weights W + s A B: log-probs and values within 1e-5."""
     cfg, graphdef, base, lc, ads = _model_and_adapters(k=1)
     ids, mask = _prompts(cfg, rows=4)
     resp = jax.random.randint(jax.random.key(4), (4, 5), 3, cfg.vocab_size)
@@ -98,17 +99,16 @@ def test_unmerged_scoring_equals_merged():
             "bias": jnp.float32(0.3)}
     params = {"policy": ads[0], "value": {"head": head}}
     rl = PPOConfig(temperature=1.0)
-    out = {}
-    for merged in (True, False):
-        pdef = policy_lib.PolicyDef(graphdef=graphdef, lora=lc.__class__(
-            rank=lc.rank, alpha=lc.alpha, merged=merged))
-        out[merged] = policy_lib.evaluate(pdef, params, base, batch, rl)
-    np.testing.assert_allclose(out[False].logprobs, out[True].logprobs, atol=1e-5)
-    np.testing.assert_allclose(out[False].values, out[True].values, atol=1e-5)
-    # negative control: the base alone is far from the adapted policy
+    adapted = policy_lib.evaluate(policy_lib.PolicyDef(graphdef=graphdef, lora=lc), params,
+                                  base, batch, rl)
     pdef = policy_lib.PolicyDef(graphdef=graphdef)
+    ref = policy_lib.evaluate(pdef, {"policy": merged(base, ads[0], lc.scale),
+                                     "value": {"head": head}}, base, batch, rl)
+    np.testing.assert_allclose(adapted.logprobs, ref.logprobs, atol=1e-5)
+    np.testing.assert_allclose(adapted.values, ref.values, atol=1e-5)
+    # negative control: the base alone is far from the adapted policy
     plain = policy_lib.evaluate(pdef, {"policy": base, "value": {"head": head}}, base, batch, rl)
-    assert np.max(np.abs(np.asarray(plain.logprobs - out[True].logprobs))) > 1e-2
+    assert np.max(np.abs(np.asarray(plain.logprobs - ref.logprobs))) > 1e-2
 
 
 # ---------------------------------------------------------------------------------------------

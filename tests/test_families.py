@@ -331,9 +331,9 @@ def test_lora_targets_the_projections_not_biases_or_norms(families):
     attn = adapters["layers"][0]["self_attn"]
     assert set(attn) == {"q_proj", "k_proj", "v_proj", "o_proj"}
     assert set(adapters["layers"][0]["mlp"]) == {"gate_proj", "up_proj", "down_proj"}
-    merged = lora.merge(weights, adapters, lora.LoraConfig(rank=2))
-    assert merged["layers"][0]["self_attn"]["q_bias"] is weights["layers"][0]["self_attn"][
-        "q_bias"]
+    adapted = lora.adapt(weights, adapters, lora.LoraConfig(rank=2))["layers"][0]["self_attn"]
+    assert adapted["q_bias"] is weights["layers"][0]["self_attn"]["q_bias"]
+    assert adapted["q_norm"]["weight"] is weights["layers"][0]["self_attn"]["q_norm"]["weight"]
 
 
 def smoke_checkpoint(path, model_type):

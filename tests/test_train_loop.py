@@ -13,7 +13,10 @@ import numpy as np
 import optax
 import pytest
 from conftest import ONE_DEVICE_ENV, TEST_XLA_FLAGS
+from flax import nnx
 
+from jaxsocial.models import checkpoint_hf
+from jaxsocial.rl import policy as policy_lib
 from jaxsocial.train import checkpointing, report, runner, sharding
 from jaxsocial.train import run as run_lib
 
@@ -343,7 +346,7 @@ def test_two_processes_agree_with_one(smoke, smoke_full, tmp_path):
         assert mismatches(one, perturbed(mh, part), **DEVICE_TOL), part
 
 
-def test_lora_epoch_trains_adapters_only():
+def test_lora_epoch_trains_adapters_only(tmp_path):
     c = load_config("demo", "smoke")
     c.rl.lora_rank = 4
     c.rl.old_logprobs = "rescore"  # and the rollout's log-probs equal a re-scoring
@@ -364,6 +367,16 @@ def test_lora_epoch_trains_adapters_only():
     moved = [not np.allclose(a, b) for a, b in
              zip(jax.tree.leaves(adapters_before), jax.tree.leaves(state.train.params["policy"]))]
     assert any(moved)
+    # The export holds the merged weights: its logits are the adapted forward's, not the base's.
+    run.export_policy(state, str(tmp_path / "export"))
+    ids = jnp.arange(3, 19).reshape(2, 8)
+    exported = checkpoint_hf.from_pretrained(str(tmp_path / "export"))(ids)
+    train, pdef = state.train, run.setup.pdef
+    adapted = nnx.merge(pdef.graphdef, policy_lib.policy_weights(pdef, train.params,
+                                                                 train.ref_params))(ids)
+    base = nnx.merge(pdef.graphdef, train.ref_params)(ids)
+    np.testing.assert_allclose(exported, adapted, atol=1e-5)
+    assert not np.allclose(exported, base, atol=1e-5)
 
 
 def test_a_random_subset_of_agents_acts_each_tick():

@@ -6,12 +6,13 @@ A [in, rank] (uniform +-1/sqrt(in), as PEFT's kaiming init) and B [rank, out] (z
 initial policy equals the base. The base weights stay frozen in `TrainState.ref_params` and are
 also the reference policy: no second copy of the model is kept.
 
-`merge` materialises the merged kernels inside the jitted forward (one transient copy of the
-targeted weights); optimizer state is only over A, B. `adapt` keeps them unmerged instead: every
-targeted kernel becomes a `models.adapters.Adapted` (x @ W + scale * (x @ A) @ B), which is how
-several adapters, stacked [K, ...], serve one batch with one adapter per row (the agents'
-cohorts), and how one adapter trains without the backward computing W's full gradient
-(`LoraConfig.merged=False`). Neither path changes the Llama module.
+The forward keeps the adapters unmerged (`adapt`): every targeted kernel becomes a
+`models.adapters.Adapted` (x @ W + scale * (x @ A) @ B), so the backward computes gradients for
+A and B only, never W's full gradient, and no merged copy of the weights is made. The same path
+serves one policy (K = 1) and several adapters stacked [K, ...] in one batch, one adapter per row
+(the agents' cohorts). The Llama module is unchanged. Optimizer state is only over A, B.
+`merged_weights_for_export` forms W + scale * A @ B for writing a policy out (Hugging Face
+checkpoints hold plain weights); no forward uses it.
 """
 from __future__ import annotations
 
@@ -27,13 +28,11 @@ DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 
 @dataclasses.dataclass(frozen=True)
 class LoraConfig:
-    """rank r, scale alpha / r, the kernel names to adapt (2-D weights only), and whether the
-    forward merges W + scale * A @ B (`merge`) or keeps the adapters apart (`adapt`)."""
+    """rank r, scale alpha / r and the kernel names to adapt (2-D weights only)."""
 
     rank: int = 8
     alpha: float = 16.0
     targets: tuple = DEFAULT_TARGETS
-    merged: bool = True
 
     def __post_init__(self):
         if self.rank < 1:
@@ -84,8 +83,9 @@ def init_adapters(weights, cfg: LoraConfig, key) -> dict:
     return adapters
 
 
-def merge(base, adapters, cfg: LoraConfig):
-    """Weights with W + scale * A @ B for every adapted kernel (dtype of W kept)."""
+def merged_weights_for_export(base, adapters, cfg: LoraConfig):
+    """Weights with W + scale * A @ B for every adapted kernel (dtype of W kept), for an export;
+    the forward uses `adapt`. adapters: one adapter tree (a [in, r], b [r, out])."""
     merged = jax.tree.map(lambda x: x, base)  # a new container tree; leaves shared
     for path, w in _targeted(base, cfg):
         ad = _get(adapters, path)

@@ -37,7 +37,8 @@ class PolicyDef:
     """Static description of the trainable policy (hashable by identity; build it once).
 
     graphdef: nnx graphdef of the policy Llama; critic_graphdef: of the critic (value_mode
-    "critic"); lora: a `lora.LoraConfig` when only adapters are trained (reference = base).
+    "critic"); lora: a `lora.LoraConfig` when only adapters are trained (reference = base;
+    the forward keeps them unmerged: `lora.adapt`).
     """
 
     graphdef: Any
@@ -108,12 +109,10 @@ def init_policy(model, key=None, *, value_mode: str = "head", critic=None, lora=
 
 
 def policy_weights(pdef: PolicyDef, params, ref_params):
-    """The weights the policy forward uses (base + LoRA delta when LoRA is on: merged, or
-    unmerged `Adapted` kernels with `LoraConfig.merged=False`)."""
+    """The weights the policy forward uses: with LoRA, the base with every adapted kernel an
+    unmerged `Adapted` (x @ W + scale * (x @ A) @ B); without, the trained weights."""
     if pdef.lora is not None:
-        if not pdef.lora.merged:
-            return lora_lib.adapt(ref_params, params["policy"], pdef.lora)
-        return lora_lib.merge(ref_params, params["policy"], pdef.lora)
+        return lora_lib.adapt(ref_params, params["policy"], pdef.lora)
     return params["policy"]
 
 

@@ -344,9 +344,12 @@ def export_policy(setup: Setup, state: RunState, path: str, write: bool = True,
             raise ValueError(f"cohort={cohort!r}: export one of the trainable cohorts "
                              f"{[co.names[c] for c in co.trained]}")
         adapters = cohorts_lib.cohort_params(train, co.slots[co.names.index(cohort)])["policy"]
-        weights = lora_lib.merge(train.ref_params, adapters, setup.pdef.lora)
+        weights = lora_lib.merged_weights_for_export(train.ref_params, adapters, setup.pdef.lora)
+    elif setup.pdef.lora is not None:
+        weights = lora_lib.merged_weights_for_export(train.ref_params, train.params["policy"],
+                                                     setup.pdef.lora)
     else:
-        weights = policy_lib.policy_weights(setup.pdef, train.params, train.ref_params)
+        weights = train.params["policy"]
     host = sharding.to_host(weights)
     if write:
         model = nnx.merge(setup.pdef.graphdef, host)

@@ -286,11 +286,9 @@ def _rl_config(c, active: int, stop_ids, seq_len: int, mesh_shape):
 
 
 def _lora(c):
-    """The LoRA config (None without rl.lora_rank); cohorts keep adapters unmerged, so one
-    batch serves every cohort's adapter and an update computes no full weight gradient."""
+    """The LoRA config (None without rl.lora_rank)."""
     if int(c.rl.lora_rank) > 0:
-        return lora_lib.LoraConfig(rank=int(c.rl.lora_rank), alpha=float(c.rl.lora_alpha),
-                                   merged=not c.agents.get("cohorts", ()))
+        return lora_lib.LoraConfig(rank=int(c.rl.lora_rank), alpha=float(c.rl.lora_alpha))
     return None
 
 
