@@ -13,9 +13,10 @@ sets of the command and all its descendants, sampled every 0.5 s: pytest's worke
 `load_avg_1m_start` (the machine's 1-minute load when
 the command started: above about 0.5 on an idle machine, something else was running), and, with
 `--run_dir`: for a `launch/simulate.py` workdir its ticks, seconds per tick, peak and predicted
-peak (summary.json); for a `launch/train.py` workdir the run's per-epoch story from its metrics.jsonl
-(likes per post, posts, total likes, zero-like share, crowd_interest_sim, do_nothing answers,
-tokens/s) and its first-third / last-third means, the figures the README's story quotes.
+peak (summary.json); for a `launch/train.py` workdir the run's per-epoch story from its
+metrics.jsonl (likes per post, posts, total likes, zero-like share, crowd_interest_sim,
+do_nothing answers, tokens/s) and its first-third / last-third means, the figures the
+README's story quotes.
 A pytest command's closing counts (`N passed`, `N skipped`, `N failed`) and its own seconds are
 parsed from its last line. A command that fails is recorded too (its exit code is a figure) and
 this script exits with its code. Summary line: `wall_s=... exit_code=... peak_rss_gib=...`,
