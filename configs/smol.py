@@ -41,6 +41,11 @@ def get_config(arg=None):
     c.model.checkpoint = zoo.smollm2_135m_instruct()
     c.tokenizer = ""                 # from the GGUF's metadata (chat template included)
     c.model.remat = True             # recompute layers in the backward pass: ~10x less memory
+    # The layers as one lax.scan: its backward recomputes one layer at a time. Unrolled, XLA's
+    # CPU scheduler runs every layer's recomputed forward before the backward reaches it, so all
+    # 30 layers' MLP products are live at once (the update's temporaries: 4.5 GiB unrolled,
+    # 0.84 GiB scanned; docs/train.md, "Memory").
+    c.model.scan_layers = True
     c.agents.num_agents = 4
     c.agents.personas = PERSONAS
     c.agents.instruction = INSTRUCTION
