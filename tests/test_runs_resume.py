@@ -215,6 +215,27 @@ def test_checksums_catch_one_flipped_bit():
     assert checkpointing.checksum_mismatches(swapped, sums) == ["['w']"]
 
 
+
+def _numpy_checksum(x):
+    """The checksum's definition on the whole leaf at once (uint32 arithmetic wraps)."""
+    u = np.ascontiguousarray(x).view(np.uint32).reshape(-1)
+    pos = np.arange(u.size, dtype=np.uint32) * np.uint32(2654435761) + np.uint32(1)
+    return [int(u.sum(dtype=np.uint32)), int((u * pos).sum(dtype=np.uint32))]
+
+
+def test_checksums_are_summed_a_chunk_at_a_time_as_over_the_whole_leaf():
+    """A leaf of eight chunks and a remainder gets the whole-leaf sums (checkpoints written
+    before the chunking verify), and its program's temporaries stay a chunk's, not the leaf's
+    (whole, XLA held the leaf's bits and positions: twice its size)."""
+    n = 8 * checkpointing._CHUNK + 3
+    x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    got = checkpointing.tree_checksums({"x": x})["['x']"]
+    assert got[:2] == _numpy_checksum(x) and got[2:] == [[n], "float32"]
+    wrong = _numpy_checksum(np.concatenate([x[:-3], np.zeros(3, np.float32)]))
+    assert got[:2] != wrong  # control: the remainder counts
+    temp = checkpointing._leaf_checksum.lower(x).compile().memory_analysis().temp_size_in_bytes
+    assert temp < x.nbytes / 2, temp
+
 # ---------------------------------------------------------------------------------------------
 # 3. exactly-once logs
 

@@ -63,26 +63,52 @@ def _bits(x: jax.Array) -> jax.Array:
     raise TypeError(f"cannot checksum dtype {x.dtype}")
 
 
-def _leaf_checksum(x: jax.Array) -> jax.Array:
-    """[2] uint32: the sum of the bit patterns and a position-weighted sum (mod 2^32).
+_CHUNK = 1 << 20  # elements summed at a time: the checksum's temporaries stay a few MB
 
-    Integer sums are exact, so the value does not depend on the sharding or reduction
-    order; flipping any bits of one element changes the first sum, and moving or swapping
-    elements changes the second."""
-    u = _bits(x).reshape(-1)
-    pos = jnp.arange(u.shape[0], dtype=jnp.uint32) * jnp.uint32(2654435761) + jnp.uint32(1)
+
+def _weighted_sums(u: jax.Array, start) -> jax.Array:
+    """[2] uint32 sums of `u` [n] and of its elements weighted by their positions from `start`."""
+    pos = ((jnp.arange(u.shape[0], dtype=jnp.uint32) + jnp.asarray(start).astype(jnp.uint32))
+           * jnp.uint32(2654435761) + jnp.uint32(1))
     return jnp.stack([jnp.sum(u, dtype=jnp.uint32), jnp.sum(u * pos, dtype=jnp.uint32)])
 
 
-_tree_checksums = jax.jit(lambda tree: jax.tree.map(_leaf_checksum, tree))
+@jax.jit
+def _leaf_checksum(x: jax.Array) -> jax.Array:
+    """[2] uint32: the sum of the bit patterns and a position-weighted sum (mod 2^32).
+
+    Integer sums are exact, so the value does not depend on the sharding, the reduction order
+    or the chunking; flipping any bits of one element changes the first sum, and moving or
+    swapping elements changes the second. Summed a chunk at a time in a loop: XLA would
+    otherwise materialise the bit patterns and the positions of the whole leaf (twice a
+    checkpoint's size in temporaries at the save)."""
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    flat = x.reshape(-1)  # the bits are taken a chunk at a time: the leaf is not copied
+    whole = flat.shape[0] // _CHUNK * _CHUNK
+
+    per = 2 if x.dtype.itemsize == 8 else 1  # 64-bit elements count as two uint32 words
+
+    def chunk(i, acc):
+        at = i * _CHUNK
+        words = _bits(jax.lax.dynamic_slice(flat, (at,), (_CHUNK,))).reshape(-1)
+        return acc + _weighted_sums(words, at * per)
+
+    acc = jnp.zeros(2, jnp.uint32)
+    if whole:
+        acc = jax.lax.fori_loop(0, whole // _CHUNK, chunk, acc)
+    return acc + _weighted_sums(_bits(flat[whole:]).reshape(-1), whole * per)
 
 
 def tree_checksums(tree: Any) -> Dict[str, List[int]]:
-    """{leaf path: [sum, weighted sum]} over every array leaf of `tree` (shape and dtype too)."""
-    sums = jax.device_get(_tree_checksums(tree))
+    """{leaf path: [sum, weighted sum]} over every array leaf of `tree` (shape and dtype too).
+
+    One leaf at a time (one small program per leaf shape), so the temporaries are a chunk's."""
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    sums = jax.device_get([_leaf_checksum(leaf) for _, leaf in flat])
     out = {}
-    for (path, leaf), c in zip(jax.tree_util.tree_flatten_with_path(tree)[0],
-                               jax.tree.leaves(sums)):
+    for (path, leaf), c in zip(flat, sums):
         out[jax.tree_util.keystr(path)] = (np.asarray(c).astype(np.int64).tolist()
                                            + [list(np.shape(leaf)), str(leaf.dtype)])
     return out
