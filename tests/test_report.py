@@ -57,7 +57,9 @@ def test_console_story(tmp_path):
             enumerate([1.0, 3.0, 2.0], start=1)]
     out = report.console_story({"history": hist}, str(tmp_path), non_post_mode="mean")
     assert "\u2581\u2588\u2585" in out and "(1.000 -> 2.000)" in out  # min, max, middle
-    assert "best post of epoch 3 (7 likes): 'best 3 line'" in out
+    assert "best post of epoch 1 (7 likes): 'best 1 line'" in out  # the first epoch beside
+    assert "best post of epoch 3 (7 likes): 'best 3 line'" in out  # the last
+    assert "epoch 2 (" not in out
     assert "worst post of epoch 3 (0 likes): 'worst 3'" in out
     assert "reward.non_post_mode='mean'" in out
     assert "left out of the update" in report.console_story({"history": hist}, str(tmp_path),
@@ -66,6 +68,8 @@ def test_console_story(tmp_path):
     assert "non_post" not in report.console_story({"history": hist}, str(tmp_path))
     assert "byte noise" in report.console_story({"history": hist}, str(tmp_path),
                                                 random_model=True)
+    one = report.console_story({"history": hist[:1]}, str(tmp_path))
+    assert one.count("best post of epoch 1") == 1  # one epoch: its best post once
     assert report.sparkline([2.0, 2.0]) == "\u2581\u2581" and report.sparkline([]) == ""
     long = report.console_story({"history": hist * 6}, str(tmp_path), max_rows=5)
     assert long.count("...") >= 1 and len(long.splitlines()) < 12

@@ -2,9 +2,9 @@
 
 A GGUF file holds the architecture and the tokenizer as metadata (`llama.block_count`,
 `tokenizer.ggml.tokens`, `tokenizer.chat_template`, ...) and the weights as (possibly
-quantized) tensors. Reading uses the `gguf` package (llama.cpp's own reader, `pip install
--e '.[smol]'`): `gguf.GGUFReader` memory-maps the file and `gguf.quants.dequantize` turns
-each tensor into float32, one tensor at a time.
+quantized) tensors. Reading uses the `gguf` package (llama.cpp's own reader, a core
+dependency): `gguf.GGUFReader` memory-maps the file and `gguf.quants.dequantize` turns each
+tensor into float32, one tensor at a time.
 
 Layout: a GGUF tensor of GGML shape `ne = [in, out]` dequantizes to a numpy `[out, in]` array,
 which is Hugging Face's layout, so the HF checkpoint code's parameter list and transposes are
@@ -61,7 +61,7 @@ def _import_gguf():
         import gguf as gguf_lib
     except ImportError:  # pragma: no cover - depends on the environment
         raise ImportError("reading GGUF checkpoints needs the 'gguf' package: "
-                          "pip install -e '.[smol]' (or pip install gguf)") from None
+                          "pip install -e . (or pip install gguf)") from None
     return gguf_lib
 
 

@@ -167,9 +167,9 @@ def sparkline(values: Sequence[float]) -> str:
 def console_story(summary: dict, workdir: str, non_post_mode: str = "constant",
                   max_rows: int = 12, random_model: bool = False) -> str:
     """What the end of a run prints: the per-epoch trend (avg likes per post, zero-like share,
-    posts; a sparkline), the best and worst post of the last epoch with their likes (with a
-    word on why they are noise when the model is random), the non-post rule when it is on,
-    and the paths of what the run wrote."""
+    posts; a sparkline), the best post of the first epoch and the best and worst of the last
+    with their likes (with a word on why they are noise when the model is random), the non-post
+    rule when it is on, and the paths of what the run wrote."""
     history = summary.get("history") or []
     if not history:
         return "no epochs run"
@@ -182,14 +182,15 @@ def console_story(summary: dict, workdir: str, non_post_mode: str = "constant",
                      f"{h['zero_like_share']:>9.3f}  {h['total_posts']:>5}")
     likes = [h["avg_likes_per_post"] for h in history]
     lines.append(f"likes/post by epoch: {sparkline(likes)}  ({likes[0]:.3f} -> {likes[-1]:.3f})")
-    last = history[-1]
-    best = (last.get("posts") or [None])[0]
-    worst = last.get("worst_post")
-    for label, post in (("best", best), ("worst", worst)):
+    first, last = history[0], history[-1]
+    shown = [("best", first, (first.get("posts") or [None])[0])] if len(history) > 1 else []
+    shown += [("best", last, (last.get("posts") or [None])[0]),
+              ("worst", last, last.get("worst_post"))]
+    for label, h, post in shown:
         if post is not None:
             text = " ".join(str(post["text"]).split())
             text = text if len(text) <= 100 else text[:97] + "..."
-            lines.append(f"{label} post of epoch {last['epoch']} ({post['likes']} likes): "
+            lines.append(f"{label} post of epoch {h['epoch']} ({post['likes']} likes): "
                          f"{text!r}")
     if random_model:
         lines.append("(a randomly initialised model writes byte noise: the posts are meant to "
