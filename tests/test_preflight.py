@@ -29,7 +29,7 @@ def test_libtpu_is_in_the_test_extra():
     assert '"tpu-aot": TPU_AOT' in text and "+ TPU_AOT" in text
 
 
-def test_the_epoch_compiles_for_a_tpu_topology_and_micro_batches_shrink_it():
+def test_the_epoch_compiles_for_a_tpu_topology():
     two_layers = {"num_hidden_layers": 2}
     full = preflight.preflight(small_general(8), "tpu:v5e:2x2", two_layers)
     assert full.target.compiler == "libtpu" and len(full.target.devices) == 4
@@ -40,9 +40,8 @@ def test_the_epoch_compiles_for_a_tpu_topology_and_micro_batches_shrink_it():
     line = full.lines()[0]
     assert line.startswith("target=tpu:v5e:2x2 mesh=4x1x1 preset=tiny program=epoch ")
     assert "hbm_gib=16.0 fits=true" in line
-    # Half the update's micro-batch: the compiler's temporaries fall.
-    half = preflight.preflight(small_general(4), "tpu:v5e:2x2", two_layers)
-    assert half.programs[0].temp < epoch.temp, (half.programs[0].temp, epoch.temp)
+    # (That a smaller micro-batch shrinks the compiler's temporaries, and that an automatic one
+    # is halved until the run fits, is tested on the CPU's compile: tests/test_fit.py.)
 
 
 def test_a_mesh_that_does_not_cover_the_target_is_refused():
