@@ -84,13 +84,13 @@ def get_config(arg=None):
     elif arg == "study":
         # 72 answers an epoch (SmolLM2 posts in about 15 of 16: ~68 posts), 10 epochs, within
         # 15 minutes a run. One pass over two minibatches (two gradient steps an epoch, as two
-        # passes over one would give, at half the cost), micro-batches of 18 rows (the process
-        # peaks near 9 GiB), no remat. The old values come from the rollout and, with no KL
-        # term, no reference forward runs: the scoring pass is free. The KL term cost ~0.2% of
-        # the reward at kl_coef=0.01 here (kl_ref ~2 at the end against scores ~12), and PPO's
-        # clipping bounds each step.
+        # passes over one would give, at half the cost), micro-batches of 18 rows. Layers
+        # recomputed in the backward as in the default run: the process peaks at 3.9 GiB instead
+        # of 8.4 without, for ~14% more CPU time an epoch (docs/train.md, "Memory"). The old
+        # values come from the rollout and, with no KL term, no reference forward runs: the
+        # scoring pass is free. The KL term cost ~0.2% of the reward at kl_coef=0.01 here
+        # (kl_ref ~2 at the end against scores ~12), and PPO's clipping bounds each step.
         c.agents.num_agents = 18
-        c.model.remat = False
         c.rl.ppo_epochs = 1
         c.rl.num_minibatches = 2
         c.rl.micro_batch = 18
