@@ -248,6 +248,23 @@ def _pool_seen(score, pid, seen, params: SocialParams):
     return _seen_adjust(score, mask, params)
 
 
+def _in_network(key, state: SocialState, u, params: SocialParams):
+    """In-network candidates of users `u [B]`: the latest post of I = `in_network` followees,
+    I consecutive (cyclically, from a random offset) non-empty entries of the following row:
+    distinct when the user follows >= I accounts, all of them otherwise.  (ids `[B, I]` int32,
+    alive `[B, I]` bool)."""
+    row = state.graph.following[u]  # [B, F]
+    cnt = jnp.cumsum(row >= 0, axis=1)  # [B, F]
+    total = cnt[:, -1:]
+    offset = jax.random.randint(key, (u.shape[0], 1), 0, params.max_following)
+    r = (offset + jnp.arange(params.in_network)[None]) % jnp.maximum(total, 1)
+    col = jnp.sum(cnt[:, None, :] <= r[:, :, None], axis=2)  # (r+1)-th entry
+    followee = jnp.take_along_axis(row, jnp.minimum(col, params.max_following - 1), axis=1)
+    followee = jnp.where(total > 0, followee, EMPTY)  # [B, I]
+    iid = jnp.where(followee >= 0, state.users.last_post[jnp.maximum(followee, 0)], EMPTY)
+    return iid, state.posts.alive(iid)
+
+
 def recommend(key: jax.Array, state: SocialState, users: jax.Array, params: SocialParams
               ) -> Feed:
     """Feeds `[B, K]` for `users [B]` (distinct ids; out-of-range ids get empty feeds).
@@ -274,7 +291,7 @@ def _recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soc
     (the reference `_reddit_fast` is tested against)."""
     chex.assert_rank(users, 1)
     chex.assert_type(users, jnp.int32)
-    posts, graph = state.posts, state.graph
+    posts = state.posts
     n, cap, k = params.num_users, posts.capacity, params.feed_size
     b = users.shape[0]
     user_ok = (users >= 0) & (users < n)
@@ -315,21 +332,8 @@ def _recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soc
             # The ids stay [C] (and [B, I]) until the top-k has picked columns (`pick`).
             ids, pool_ids, extra_ids = None, pid, None
             if params.in_network > 0:
-                # I consecutive (cyclically, from a random offset) non-empty followee entries:
-                # distinct when the user follows >= I accounts, all of them otherwise.
-                row = graph.following[u]  # [B, F]
-                cnt = jnp.cumsum(row >= 0, axis=1)  # [B, F]
-                total = cnt[:, -1:]
-                offset = jax.random.randint(k_in, (b, 1), 0, params.max_following)
-                r = (offset + jnp.arange(params.in_network)[None]) % jnp.maximum(total, 1)
-                col = jnp.sum(cnt[:, None, :] <= r[:, :, None], axis=2)  # (r+1)-th entry
-                followee = jnp.take_along_axis(row, jnp.minimum(col, params.max_following - 1),
-                                               axis=1)
-                followee = jnp.where(total > 0, followee, EMPTY)  # [B, I]
-                last = state.users.last_post[jnp.maximum(followee, 0)]
-                iid = jnp.where(followee >= 0, last, EMPTY)
+                iid, iok = _in_network(k_in, state, u, params)
                 islot = posts.slot(iid)
-                iok = posts.alive(iid)
                 isim = jnp.einsum("bd,bid->bi", interest, posts.embedding[islot])
                 iage = (state.tick - posts.created_at[islot]).astype(jnp.float32)
                 iscore = _personalized_from_cos(isim, iage, posts.likes[islot], 1.0, params.w_sim,
