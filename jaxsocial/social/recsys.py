@@ -1,5 +1,5 @@
-"""Recommender systems: random, reddit hot, personalized ("twitter"), TwHIN ("twhin").  Batched
-over users.
+"""Recommender systems: random, reddit hot, personalized ("twitter"), TwHIN ("twhin"), and your
+own (`register`: a scoring function over twitter's candidates).  Batched over users.
 
 Every recommender scores a candidate set per user and keeps the top K:
 - shared pool: the C best posts of the whole buffer by a user-independent prior (O(P) once),
@@ -14,12 +14,22 @@ pool entries passing the user's filters (`_reddit_fast`, O(B (K + S) D) with D ~
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
-from jaxsocial.social.state import EMPTY, PostKind, SocialParams, SocialState, normalize
+from jaxsocial.social.state import (
+    EMPTY,
+    RECSYS_NAMES,
+    PostKind,
+    SocialParams,
+    SocialState,
+    normalize,
+)
 
 REDDIT_EPOCH_SECONDS = 1134028003  # OASIS / reddit's reference epoch
 _NEG = -jnp.inf
@@ -211,7 +221,7 @@ def _pool(key, state: SocialState, params: SocialParams):
     prior = jnp.where(live, prior, _NEG)
     c = min(params.pool_size, cap)
     score, slot = jax.lax.top_k(prior, c)
-    if params.recsys == "twitter" and params.pool_random > 0:
+    if params.recsys != "reddit" and params.pool_random > 0:  # twitter, registered
         lo = jnp.maximum(posts.next_id - cap, 0)
         rid = lo + jnp.floor(jax.random.uniform(key, (params.pool_random,))
                              * (posts.next_id - lo)).astype(jnp.int32)
@@ -265,6 +275,129 @@ def _in_network(key, state: SocialState, u, params: SocialParams):
     return iid, state.posts.alive(iid)
 
 
+# ---------------------------------------------------------------------------------------------
+# Your own recommender: a registered scoring function ranks twitter's candidates
+
+_REGISTERED: dict[str, Callable] = {}  # name -> fn(user [B], candidates [B, C], state)
+
+
+def register(name: str, fn: Callable) -> None:
+    """Register `fn` as the recommender `name`: `SocialParams.recsys=name` (a run's
+    `society.recsys`) selects it, and the config checks accept the name from then on.
+
+        scores = fn(user, candidates, state)
+
+    - `user` `[B]` int32: the users whose feeds are built (valid ids);
+    - `candidates` `[B, C]` int32: global post ids, `EMPTY` (-1) where a column holds no
+      candidate (its score is ignored); `state.posts.slot(candidates)` indexes the post arrays;
+    - `state`: the `SocialState`;
+    - returns `scores` `[B, C]`, real (used as float32), finite, higher first.
+
+    The candidates are twitter's: the shared pool (the top `pool_size` live posts by
+    `w_rec decay(age) + w_pop log1p(likes)`, then `pool_random` uniform draws) in the first
+    min(pool_size, P) + pool_random columns, then the latest posts of `in_network` followees.
+    Everything else is the built-ins' (`recommend`): no comments, own or muted authors'
+    posts, the seen policy, duplicates dropped, the top K, exploration.  `fn` runs inside the
+    jitted tick (write it in jax.numpy); a result of the wrong shape or dtype is refused when
+    the tick is traced, non-finite scores by `check` (once, on the real state).  Registering a
+    name again replaces its function and clears JAX's in-memory compilation caches (compiled
+    ticks key on the name, not on the function).
+    """
+    if not (isinstance(name, str) and name.isidentifier()):
+        raise ValueError(f"recsys.register: name {name!r} must be an identifier")
+    if name in RECSYS_NAMES:
+        raise ValueError(f"recsys.register: {name!r} is a built-in recommender "
+                         f"({', '.join(RECSYS_NAMES)}); choose another name")
+    if not callable(fn):
+        raise ValueError(f"recsys.register: {name!r} needs a callable "
+                         f"fn(user, candidates, state), got {fn!r}")
+    if _REGISTERED.get(name, fn) is not fn:
+        jax.clear_caches()
+    _REGISTERED[name] = fn
+
+
+def registered() -> tuple[str, ...]:
+    """The registered recommenders' names, in registration order."""
+    return tuple(_REGISTERED)
+
+
+def _describe(fn) -> str:
+    return f"{getattr(fn, '__module__', None) or '?'}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _registered_candidates(k_pool, k_in, state: SocialState, u, params: SocialParams):
+    """A registered recommender's candidates `[B, C]` (EMPTY where none): the shared pool's ids
+    `[C0]` (`_pool`, twitter's; returned too), then `_in_network`'s."""
+    posts = state.posts
+    pslot, pprior = _pool(k_pool, state, params)
+    pid = jnp.where(jnp.isfinite(pprior), posts.id[pslot], EMPTY)
+    ids = jnp.broadcast_to(pid, (u.shape[0], pid.shape[0]))
+    if params.in_network > 0:
+        iid, iok = _in_network(k_in, state, u, params)
+        ids = jnp.concatenate([ids, jnp.where(iok, iid, EMPTY)], axis=1)
+    return ids, pid
+
+
+def _call_registered(name: str, u, ids, state: SocialState):
+    """The registered `fn(u, ids, state)` as float32 `[B, C]`; ValueError naming the
+    function where its result has another shape or is not real (at trace time)."""
+    fn = _REGISTERED[name]
+    score = fn(u, ids, state)
+    shape, dtype = getattr(score, "shape", None), getattr(score, "dtype", None)
+    if shape is None or tuple(shape) != ids.shape or not (
+            jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
+        got = (f"{dtype} of shape {tuple(shape)}" if shape is not None
+               else type(score).__name__)
+        raise ValueError(f"recsys {name!r}: {_describe(fn)}(user [B], candidates [B, C], "
+                         f"state) returned {got}; expected real scores [B, C] = {ids.shape}")
+    return score.astype(jnp.float32)
+
+
+def _registered_scores(k_pool, k_in, state: SocialState, u, seen, params: SocialParams):
+    """(ids `[B, C]`, score `[B, C]`) of a registered recommender: its function's scores, -inf
+    for empty candidates, the seen policy applied (own posts and the rest: `_recommend`)."""
+    ids, pid = _registered_candidates(k_pool, k_in, state, u, params)
+    c = pid.shape[0]
+    score = jnp.where(ids >= 0, _call_registered(params.recsys, u, ids, state), _NEG)
+    parts = [_pool_seen(score[:, :c], pid, seen, params)]
+    if ids.shape[1] > c:  # in-network columns
+        extra = ids[:, c:]
+        hit = jnp.any((extra[:, :, None] == seen[:, None, :]) & (extra[:, :, None] >= 0), axis=2)
+        parts.append(_seen_adjust(score[:, c:], hit, params))
+    return ids, jnp.concatenate(parts, axis=1)
+
+
+@jax.jit
+def _sample_scores(key, state: SocialState, users, params: SocialParams):
+    k_pool, k_in, _, _ = jax.random.split(key, 4)  # as _recommend's
+    ids, _ = _registered_candidates(k_pool, k_in, state, users, params)
+    return ids, _call_registered(params.recsys, users, ids, state)
+
+
+def check(state: SocialState, params: SocialParams, users=None, key=None) -> None:
+    """Refuse a registered recommender (`params.recsys`) whose function gives non-finite
+    scores on `state`: ValueError, one line naming the function and the first bad score.
+    Evaluates it eagerly on the candidates of `users` (default: 64 users spread over the ids)
+    -- a sample of the real state, once where a society is built, not in the tick.  Built-in
+    recommenders: nothing to check."""
+    if params.recsys not in _REGISTERED:
+        return
+    n = params.num_users
+    if users is None:
+        users = np.linspace(0, n - 1, min(n, 64)).astype(np.int32)
+    users = jnp.asarray(users, jnp.int32)
+    ids, score = jax.device_get(_sample_scores(jax.random.key(0) if key is None else key,
+                                               state, users, params))
+    bad = (ids >= 0) & ~np.isfinite(score)
+    if bad.any():
+        b, c = np.argwhere(bad)[0]
+        raise ValueError(
+            f"recsys {params.recsys!r}: {_describe(_REGISTERED[params.recsys])} returned "
+            f"{int(bad.sum())} non-finite scores of {int((ids >= 0).sum())} on the candidates "
+            f"of {users.shape[0]} sampled users (first: {score[b, c]} for user "
+            f"{int(users[b])}, post {int(ids[b, c])}); scores must be finite")
+
+
 def recommend(key: jax.Array, state: SocialState, users: jax.Array, params: SocialParams
               ) -> Feed:
     """Feeds `[B, K]` for `users [B]` (distinct ids; out-of-range ids get empty feeds).
@@ -273,8 +406,9 @@ def recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soci
     by authors the user muted, or (seen_policy="exclude") posts in the user's seen ring;
     "downweight" subtracts `seen_penalty` instead.  `explore_frac` of the slots are swapped for
     uniformly random live posts.  twhin: the shared candidates are `twhin_candidates` (drawn
-    with `key`), scored by `twhin_score` of the users' profiles.  Pure; does not mark the feed
-    as seen (see `mark_seen`).
+    with `key`), scored by `twhin_score` of the users' profiles.  A registered recommender
+    (`register`) scores twitter's candidates with its own function.  Pure; does not mark the
+    feed as seen (see `mark_seen`).
 
     reddit with seen_policy "exclude" or "none": the hot-score pool is one sorted list shared by
     all users, so each feed is the first posts of that list passing the user's filters
@@ -309,6 +443,8 @@ def _recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soc
                     score=jnp.where(valid, score, _NEG))
     if params.recsys == "twhin":
         score, ids = _twhin_top(k_cand, state, u, seen, params)
+    elif params.recsys in _REGISTERED:
+        ids, score = _registered_scores(k_cand, k_in, state, u, seen, params)
     elif params.recsys == "random":
         kk = k + params.overfetch
         ids = lo + jnp.floor(jax.random.uniform(k_cand, (b, kk)) * span).astype(jnp.int32)
