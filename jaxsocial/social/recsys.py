@@ -355,15 +355,23 @@ def _call_registered(name: str, u, ids, state: SocialState):
 
 def _registered_scores(k_pool, k_in, state: SocialState, u, seen, params: SocialParams):
     """(ids `[B, C]`, score `[B, C]`) of a registered recommender: its function's scores, -inf
-    for empty candidates, the seen policy applied (own posts and the rest: `_recommend`)."""
+    for empty candidates and own posts, the seen policy applied -- by the pool's ids and authors
+    `[C0]` and the in-network columns `[B, I]`, as twitter's (no `[B, C]` author gather)."""
+    posts = state.posts
     ids, pid = _registered_candidates(k_pool, k_in, state, u, params)
     c = pid.shape[0]
-    score = jnp.where(ids >= 0, _call_registered(params.recsys, u, ids, state), _NEG)
-    parts = [_pool_seen(score[:, :c], pid, seen, params)]
+    score = _call_registered(params.recsys, u, ids, state)
+    pool = jnp.where(pid >= 0, score[:, :c], _NEG)
+    if params.exclude_own:
+        pool = jnp.where(posts.author[posts.slot(pid)][None, :] == u[:, None], _NEG, pool)
+    parts = [_pool_seen(pool, pid, seen, params)]
     if ids.shape[1] > c:  # in-network columns
         extra = ids[:, c:]
-        hit = jnp.any((extra[:, :, None] == seen[:, None, :]) & (extra[:, :, None] >= 0), axis=2)
-        parts.append(_seen_adjust(score[:, c:], hit, params))
+        ok = extra >= 0
+        if params.exclude_own:
+            ok = ok & (posts.author[posts.slot(extra)] != u[:, None])
+        hit = jnp.any((extra[:, :, None] == seen[:, None, :]) & ok[:, :, None], axis=2)
+        parts.append(_seen_adjust(jnp.where(ok, score[:, c:], _NEG), hit, params))
     return ids, jnp.concatenate(parts, axis=1)
 
 
@@ -482,8 +490,8 @@ def _recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soc
                     iok = iok & (posts.author[islot] != u[:, None])
                 score = jnp.concatenate([score, jnp.where(iok, iscore, _NEG)], axis=1)
                 extra_ids = jnp.where(iok, iid, EMPTY)
-    if ids is not None and params.exclude_own and params.recsys != "twhin":  # (twhin: in
-        score = jnp.where(posts.author[posts.slot(ids)] == u[:, None], _NEG, score)  # _twhin_top)
+    if params.exclude_own and params.recsys in ("random", "reddit"):  # (the others: above)
+        score = jnp.where(posts.author[posts.slot(ids)] == u[:, None], _NEG, score)
 
     # The seen policy is applied above for the pool / in-network candidates; the top
     # K + overfetch then only lose muted authors and duplicates (and seen: random recsys).
