@@ -32,7 +32,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from jaxsocial import cli
-from jaxsocial.social import metrics, society
+from jaxsocial.social import metrics, recsys, society
 from jaxsocial.train import fit
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/million.py[:variant]",
@@ -97,12 +97,13 @@ def run(config, workdir: str, progress: bool = True) -> dict:
     if not workdir:
         raise ValueError(f"--workdir is required, got {workdir!r}")
     params = check_config(config)
-    os.makedirs(workdir, exist_ok=True)
     key = jax.random.key(config.seed)
     t0 = time.perf_counter()
     state = society.reset(jax.random.fold_in(key, 0), params)
     jax.block_until_ready(state)
     reset_s = time.perf_counter() - t0
+    recsys.check(state, params)  # a registered recommender's scores, once, on this society
+    os.makedirs(workdir, exist_ok=True)
 
     @functools.partial(jax.jit, donate_argnums=1)
     def tick(k, s):

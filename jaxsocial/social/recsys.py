@@ -1,5 +1,5 @@
-"""Recommender systems: random, reddit hot, personalized ("twitter"), TwHIN ("twhin").  Batched
-over users.
+"""Recommender systems: random, reddit hot, personalized ("twitter"), TwHIN ("twhin"), and your
+own (`register`: a scoring function over twitter's candidates).  Batched over users.
 
 Every recommender scores a candidate set per user and keeps the top K:
 - shared pool: the C best posts of the whole buffer by a user-independent prior (O(P) once),
@@ -14,12 +14,22 @@ pool entries passing the user's filters (`_reddit_fast`, O(B (K + S) D) with D ~
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
-from jaxsocial.social.state import EMPTY, PostKind, SocialParams, SocialState, normalize
+from jaxsocial.social.state import (
+    EMPTY,
+    RECSYS_NAMES,
+    PostKind,
+    SocialParams,
+    SocialState,
+    normalize,
+)
 
 REDDIT_EPOCH_SECONDS = 1134028003  # OASIS / reddit's reference epoch
 _NEG = -jnp.inf
@@ -211,7 +221,7 @@ def _pool(key, state: SocialState, params: SocialParams):
     prior = jnp.where(live, prior, _NEG)
     c = min(params.pool_size, cap)
     score, slot = jax.lax.top_k(prior, c)
-    if params.recsys == "twitter" and params.pool_random > 0:
+    if params.recsys != "reddit" and params.pool_random > 0:  # twitter, registered
         lo = jnp.maximum(posts.next_id - cap, 0)
         rid = lo + jnp.floor(jax.random.uniform(key, (params.pool_random,))
                              * (posts.next_id - lo)).astype(jnp.int32)
@@ -248,6 +258,154 @@ def _pool_seen(score, pid, seen, params: SocialParams):
     return _seen_adjust(score, mask, params)
 
 
+def _in_network(key, state: SocialState, u, params: SocialParams):
+    """In-network candidates of users `u [B]`: the latest post of I = `in_network` followees,
+    I consecutive (cyclically, from a random offset) non-empty entries of the following row:
+    distinct when the user follows >= I accounts, all of them otherwise.  (ids `[B, I]` int32,
+    alive `[B, I]` bool)."""
+    row = state.graph.following[u]  # [B, F]
+    cnt = jnp.cumsum(row >= 0, axis=1)  # [B, F]
+    total = cnt[:, -1:]
+    offset = jax.random.randint(key, (u.shape[0], 1), 0, params.max_following)
+    r = (offset + jnp.arange(params.in_network)[None]) % jnp.maximum(total, 1)
+    col = jnp.sum(cnt[:, None, :] <= r[:, :, None], axis=2)  # (r+1)-th entry
+    followee = jnp.take_along_axis(row, jnp.minimum(col, params.max_following - 1), axis=1)
+    followee = jnp.where(total > 0, followee, EMPTY)  # [B, I]
+    iid = jnp.where(followee >= 0, state.users.last_post[jnp.maximum(followee, 0)], EMPTY)
+    return iid, state.posts.alive(iid)
+
+
+# ---------------------------------------------------------------------------------------------
+# Your own recommender: a registered scoring function ranks twitter's candidates
+
+_REGISTERED: dict[str, Callable] = {}  # name -> fn(user [B], candidates [B, C], state)
+
+
+def register(name: str, fn: Callable) -> None:
+    """Register `fn` as the recommender `name`: `SocialParams.recsys=name` (a run's
+    `society.recsys`) selects it, and the config checks accept the name from then on.
+
+        scores = fn(user, candidates, state)
+
+    - `user` `[B]` int32: the users whose feeds are built (valid ids);
+    - `candidates` `[B, C]` int32: global post ids, `EMPTY` (-1) where a column holds no
+      candidate (its score is ignored); `state.posts.slot(candidates)` indexes the post arrays;
+    - `state`: the `SocialState`;
+    - returns `scores` `[B, C]`, real (used as float32), finite, higher first.
+
+    The candidates are twitter's: the shared pool (the top `pool_size` live posts by
+    `w_rec decay(age) + w_pop log1p(likes)`, then `pool_random` uniform draws) in the first
+    min(pool_size, P) + pool_random columns, then the latest posts of `in_network` followees.
+    Everything else is the built-ins' (`recommend`): no comments, own or muted authors'
+    posts, the seen policy, duplicates dropped, the top K, exploration.  `fn` runs inside the
+    jitted tick (write it in jax.numpy); a result of the wrong shape or dtype is refused when
+    the tick is traced, non-finite scores by `check` (once, on the real state).  Registering a
+    name again replaces its function and clears JAX's in-memory compilation caches (compiled
+    ticks key on the name, not on the function).
+    """
+    if not (isinstance(name, str) and name.isidentifier()):
+        raise ValueError(f"recsys.register: name {name!r} must be an identifier")
+    if name in RECSYS_NAMES:
+        raise ValueError(f"recsys.register: {name!r} is a built-in recommender "
+                         f"({', '.join(RECSYS_NAMES)}); choose another name")
+    if not callable(fn):
+        raise ValueError(f"recsys.register: {name!r} needs a callable "
+                         f"fn(user, candidates, state), got {fn!r}")
+    if _REGISTERED.get(name, fn) is not fn:
+        jax.clear_caches()
+    _REGISTERED[name] = fn
+
+
+def registered() -> tuple[str, ...]:
+    """The registered recommenders' names, in registration order."""
+    return tuple(_REGISTERED)
+
+
+def _describe(fn) -> str:
+    return f"{getattr(fn, '__module__', None) or '?'}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _registered_candidates(k_pool, k_in, state: SocialState, u, params: SocialParams):
+    """A registered recommender's candidates `[B, C]` (EMPTY where none): the shared pool's ids
+    `[C0]` (`_pool`, twitter's; returned too), then `_in_network`'s."""
+    posts = state.posts
+    pslot, pprior = _pool(k_pool, state, params)
+    pid = jnp.where(jnp.isfinite(pprior), posts.id[pslot], EMPTY)
+    ids = jnp.broadcast_to(pid, (u.shape[0], pid.shape[0]))
+    if params.in_network > 0:
+        iid, iok = _in_network(k_in, state, u, params)
+        ids = jnp.concatenate([ids, jnp.where(iok, iid, EMPTY)], axis=1)
+    return ids, pid
+
+
+def _call_registered(name: str, u, ids, state: SocialState):
+    """The registered `fn(u, ids, state)` as float32 `[B, C]`; ValueError naming the
+    function where its result has another shape or is not real (at trace time)."""
+    fn = _REGISTERED[name]
+    score = fn(u, ids, state)
+    shape, dtype = getattr(score, "shape", None), getattr(score, "dtype", None)
+    if shape is None or tuple(shape) != ids.shape or not (
+            jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
+        got = (f"{dtype} of shape {tuple(shape)}" if shape is not None
+               else type(score).__name__)
+        raise ValueError(f"recsys {name!r}: {_describe(fn)}(user [B], candidates [B, C], "
+                         f"state) returned {got}; expected real scores [B, C] = {ids.shape}")
+    return score.astype(jnp.float32)
+
+
+def _registered_scores(k_pool, k_in, state: SocialState, u, seen, params: SocialParams):
+    """(ids `[B, C]`, score `[B, C]`) of a registered recommender: its function's scores, -inf
+    for empty candidates and own posts, the seen policy applied -- by the pool's ids and authors
+    `[C0]` and the in-network columns `[B, I]`, as twitter's (no `[B, C]` author gather)."""
+    posts = state.posts
+    ids, pid = _registered_candidates(k_pool, k_in, state, u, params)
+    c = pid.shape[0]
+    score = _call_registered(params.recsys, u, ids, state)
+    pool = jnp.where(pid >= 0, score[:, :c], _NEG)
+    if params.exclude_own:
+        pool = jnp.where(posts.author[posts.slot(pid)][None, :] == u[:, None], _NEG, pool)
+    parts = [_pool_seen(pool, pid, seen, params)]
+    if ids.shape[1] > c:  # in-network columns
+        extra = ids[:, c:]
+        ok = extra >= 0
+        if params.exclude_own:
+            ok = ok & (posts.author[posts.slot(extra)] != u[:, None])
+        hit = jnp.any((extra[:, :, None] == seen[:, None, :]) & ok[:, :, None], axis=2)
+        parts.append(_seen_adjust(jnp.where(ok, score[:, c:], _NEG), hit, params))
+    return ids, jnp.concatenate(parts, axis=1)
+
+
+@jax.jit
+def _sample_scores(key, state: SocialState, users, params: SocialParams):
+    k_pool, k_in, _, _ = jax.random.split(key, 4)  # as _recommend's
+    ids, _ = _registered_candidates(k_pool, k_in, state, users, params)
+    return ids, _call_registered(params.recsys, users, ids, state)
+
+
+def check(state: SocialState, params: SocialParams, users=None, key=None) -> None:
+    """Refuse a registered recommender (`params.recsys`) whose function gives non-finite
+    scores on `state`: ValueError, one line naming the function and the first bad score.
+    Evaluates it eagerly on the candidates of `users` (default: 64 users spread over the ids)
+    -- a sample of the real state, once where a society is built, not in the tick.  Built-in
+    recommenders: nothing to check."""
+    if params.recsys not in _REGISTERED:
+        return
+    n = params.num_users
+    if users is None:
+        users = np.linspace(0, n - 1, min(n, 64)).astype(np.int32)
+    users = jnp.asarray(users, jnp.int32)
+    ids, score = jax.device_get(_sample_scores(jax.random.key(0) if key is None else key,
+                                               state, users, params))
+    bad = (ids >= 0) & ~np.isfinite(score)
+    if bad.any():
+        b, c = np.argwhere(bad)[0]
+        raise ValueError(
+            f"recsys {params.recsys!r}: {_describe(_REGISTERED[params.recsys])} returned "
+            f"{int(bad.sum())} non-finite scores of {int((ids >= 0).sum())} on the candidates "
+            f"of {users.shape[0]} sampled users (first: {score[b, c]} for user "
+            f"{int(users[b])}, post {int(ids[b, c])}); scores must be finite")
+
+
 def recommend(key: jax.Array, state: SocialState, users: jax.Array, params: SocialParams
               ) -> Feed:
     """Feeds `[B, K]` for `users [B]` (distinct ids; out-of-range ids get empty feeds).
@@ -256,8 +414,9 @@ def recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soci
     by authors the user muted, or (seen_policy="exclude") posts in the user's seen ring;
     "downweight" subtracts `seen_penalty` instead.  `explore_frac` of the slots are swapped for
     uniformly random live posts.  twhin: the shared candidates are `twhin_candidates` (drawn
-    with `key`), scored by `twhin_score` of the users' profiles.  Pure; does not mark the feed
-    as seen (see `mark_seen`).
+    with `key`), scored by `twhin_score` of the users' profiles.  A registered recommender
+    (`register`) scores twitter's candidates with its own function.  Pure; does not mark the
+    feed as seen (see `mark_seen`).
 
     reddit with seen_policy "exclude" or "none": the hot-score pool is one sorted list shared by
     all users, so each feed is the first posts of that list passing the user's filters
@@ -274,7 +433,7 @@ def _recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soc
     (the reference `_reddit_fast` is tested against)."""
     chex.assert_rank(users, 1)
     chex.assert_type(users, jnp.int32)
-    posts, graph = state.posts, state.graph
+    posts = state.posts
     n, cap, k = params.num_users, posts.capacity, params.feed_size
     b = users.shape[0]
     user_ok = (users >= 0) & (users < n)
@@ -292,6 +451,8 @@ def _recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soc
                     score=jnp.where(valid, score, _NEG))
     if params.recsys == "twhin":
         score, ids = _twhin_top(k_cand, state, u, seen, params)
+    elif params.recsys in _REGISTERED:
+        ids, score = _registered_scores(k_cand, k_in, state, u, seen, params)
     elif params.recsys == "random":
         kk = k + params.overfetch
         ids = lo + jnp.floor(jax.random.uniform(k_cand, (b, kk)) * span).astype(jnp.int32)
@@ -315,21 +476,8 @@ def _recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soc
             # The ids stay [C] (and [B, I]) until the top-k has picked columns (`pick`).
             ids, pool_ids, extra_ids = None, pid, None
             if params.in_network > 0:
-                # I consecutive (cyclically, from a random offset) non-empty followee entries:
-                # distinct when the user follows >= I accounts, all of them otherwise.
-                row = graph.following[u]  # [B, F]
-                cnt = jnp.cumsum(row >= 0, axis=1)  # [B, F]
-                total = cnt[:, -1:]
-                offset = jax.random.randint(k_in, (b, 1), 0, params.max_following)
-                r = (offset + jnp.arange(params.in_network)[None]) % jnp.maximum(total, 1)
-                col = jnp.sum(cnt[:, None, :] <= r[:, :, None], axis=2)  # (r+1)-th entry
-                followee = jnp.take_along_axis(row, jnp.minimum(col, params.max_following - 1),
-                                               axis=1)
-                followee = jnp.where(total > 0, followee, EMPTY)  # [B, I]
-                last = state.users.last_post[jnp.maximum(followee, 0)]
-                iid = jnp.where(followee >= 0, last, EMPTY)
+                iid, iok = _in_network(k_in, state, u, params)
                 islot = posts.slot(iid)
-                iok = posts.alive(iid)
                 isim = jnp.einsum("bd,bid->bi", interest, posts.embedding[islot])
                 iage = (state.tick - posts.created_at[islot]).astype(jnp.float32)
                 iscore = _personalized_from_cos(isim, iage, posts.likes[islot], 1.0, params.w_sim,
@@ -342,8 +490,8 @@ def _recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soc
                     iok = iok & (posts.author[islot] != u[:, None])
                 score = jnp.concatenate([score, jnp.where(iok, iscore, _NEG)], axis=1)
                 extra_ids = jnp.where(iok, iid, EMPTY)
-    if ids is not None and params.exclude_own and params.recsys != "twhin":  # (twhin: in
-        score = jnp.where(posts.author[posts.slot(ids)] == u[:, None], _NEG, score)  # _twhin_top)
+    if params.exclude_own and params.recsys in ("random", "reddit"):  # (the others: above)
+        score = jnp.where(posts.author[posts.slot(ids)] == u[:, None], _NEG, score)
 
     # The seen policy is applied above for the pool / in-network candidates; the top
     # K + overfetch then only lose muted authors and duplicates (and seen: random recsys).

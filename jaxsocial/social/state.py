@@ -40,7 +40,14 @@ class ReactionKind(enum.IntEnum):
     REPORT = 4
 
 
-RECSYS_NAMES = ("random", "reddit", "twitter", "twhin")
+RECSYS_NAMES = ("random", "reddit", "twitter", "twhin")  # the built-ins
+
+
+def recsys_names() -> tuple[str, ...]:
+    """The recommenders `SocialParams.recsys` accepts: the built-ins, then the registered ones
+    (`jaxsocial.social.recsys.register`)."""
+    from jaxsocial.social import recsys  # the registry lives there (it imports this module)
+    return RECSYS_NAMES + recsys.registered()
 
 
 def _static(default):
@@ -78,7 +85,7 @@ class SocialParams:
     reaction_memory: int = _static(64)  # R
     seen_memory: int = _static(32)  # S
     # --- recommender
-    recsys: str = _static("twitter")  # one of RECSYS_NAMES
+    recsys: str = _static("twitter")  # one of recsys_names(): RECSYS_NAMES or a registered one
     feed_size: int = _static(10)  # K
     pool_size: int = _static(256)  # C: shared out-of-network candidates (top by prior)
     pool_random: int = _static(0)  # + this many uniformly drawn live posts (twitter)
@@ -159,7 +166,7 @@ class SocialParams:
         ("reward_horizon", self.reward_horizon, self.reward_horizon >= 1),
         ("engagement_channels", self.engagement_channels, self.engagement_channels in (3, 5)),
         ("in_network", self.in_network, 0 <= self.in_network <= self.max_following),
-            ("recsys", self.recsys, self.recsys in RECSYS_NAMES),
+            ("recsys", self.recsys, self.recsys in recsys_names()),
             ("twhin_candidates", self.twhin_candidates, self.twhin_candidates >= 1),
             ("recency", self.recency, self.recency in ("exp", "oasis_clipped")),
             ("seen_policy", self.seen_policy,
@@ -177,11 +184,12 @@ class SocialParams:
              0 <= self.content_budget <= self.crowd_budget),
             ("num_users * 8", self.num_users * 8, self.num_users * 8 < 2**31),
         ]
-        choices = {"recsys": RECSYS_NAMES}
+        choices = {"recsys": recsys_names()}
+        more = {"recsys": "; jaxsocial.social.recsys.register adds your own"}
         for name, value, ok in checks:
             if not ok:
-                hint = (f" (expected one of {', '.join(map(repr, choices[name]))})"
-                        if name in choices else "")
+                hint = (f" (expected one of {', '.join(map(repr, choices[name]))}"
+                        f"{more.get(name, '')})" if name in choices else "")
                 raise ValueError(f"invalid SocialParams.{name}={value!r}{hint}")
         return self
 
