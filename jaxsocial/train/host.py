@@ -56,11 +56,29 @@ def epoch_metrics(setup: Setup, text: Text, v: EpochView, upd, wall: float, t_ro
     metrics: the blog's numbers, the action mix, parse failures, timing, the agents' topics and
     text drift, and the most- and least-liked posts. wall / t_roll: the epoch's and the
     rollout's seconds (equal for the one-program epoch)."""
+    eng = np.asarray(v.engagement)
+    m = {**_action_metrics(setup, v, eng), **_program_metrics(setup, v, upd, wall, t_roll)}
+    # Text metrics over the first K posts of the epoch, in tick order (all of them when
+    # the epoch has at most train.text_metrics_posts posts).
+    idx = np.asarray(v.post_index)
+    kept = idx >= 0
+    idx = idx[kept]
+    m.update(topic_metrics(setup, text, np.asarray(v.post_embedding)[kept]))
+    texts = _post_texts(setup, v, kept, idx)
+    m.update(_text_metrics(setup, text, v, kept, idx, eng, texts))
+    if setup.cohorts is not None:
+        m["cohorts"] = cohort_metrics(setup, text, v, upd, kept, idx, texts)
+    return m
+
+
+def _action_metrics(setup: Setup, v: EpochView, eng: np.ndarray) -> Dict[str, Any]:
+    """The blog's numbers (likes per post, zero-like and positive-engagement shares, posts),
+    the actions taken, applied, failed to parse or invalid, the reward and the likes'
+    histogram."""
     created = np.asarray(v.created)
     types = np.asarray(v.action_type)
     is_post = created & np.isin(types, [int(ActionType.CREATE_POST),
                                         int(ActionType.QUOTE_POST)])
-    eng = np.asarray(v.engagement)
     likes = eng[..., 0][is_post]
     engaged = eng[..., :POSITIVE].sum(-1)[is_post] > 0
     n_posts = int(is_post.sum())
@@ -68,7 +86,7 @@ def epoch_metrics(setup: Setup, text: Text, v: EpochView, upd, wall: float, t_ro
     mix = {names[k]: int((types == k).sum()) for k in np.unique(types)}
     sc = np.asarray(v.score)
     reason, parsed = np.asarray(v.reason), np.asarray(v.parsed)
-    m = {
+    return {
         "avg_likes_per_post": float(likes.mean()) if n_posts else 0.0,
         "zero_like_share": float((likes == 0).mean()) if n_posts else 0.0,
         "positive_engagement_share": float(engaged.mean()) if n_posts else 0.0,
@@ -90,6 +108,14 @@ def epoch_metrics(setup: Setup, text: Text, v: EpochView, upd, wall: float, t_ro
         "crowd_posts": int(v.crowd_posts),
         "likes_hist": np.bincount(likes.astype(int), minlength=1).tolist() if n_posts else [],
         **negative_engagement(eng, is_post),
+    }
+
+
+def _program_metrics(setup: Setup, v: EpochView, upd, wall: float, t_roll: float
+                     ) -> Dict[str, Any]:
+    """How the epoch's programs ran: where the old log-probs and values came from, timing
+    and throughput, and the update's metrics."""
+    return {
         # rl.old_logprobs: "rollout" = the rollout's log-probs were the old log-probs
         # (nothing re-scored); "rescore" = re-scored, logprob_gap = max |rollout - rescored|
         "old_logprobs": setup.old_logprobs,
@@ -100,23 +126,12 @@ def epoch_metrics(setup: Setup, text: Text, v: EpochView, upd, wall: float, t_ro
         # whole epoch (rollout, scoring and update)
         "fused_epoch": bool(setup.fused),
         "tokens_per_s": float(v.tokens) / max(t_roll, 1e-9),
-        "ticks_per_s": types.shape[0] / max(t_roll, 1e-9),
+        "ticks_per_s": np.asarray(v.action_type).shape[0] / max(t_roll, 1e-9),
         "rollout_s": t_roll,
         "wall_s": wall,
         # with cohorts: the trainable cohorts' mean (each cohort's own under "cohorts")
         "ppo": {k: float(np.mean(x)) for k, x in upd.items()},
     }
-    # Text metrics over the first K posts of the epoch, in tick order (all of them when
-    # the epoch has at most train.text_metrics_posts posts).
-    idx = np.asarray(v.post_index)
-    kept = idx >= 0
-    idx = idx[kept]
-    m.update(topic_metrics(setup, text, np.asarray(v.post_embedding)[kept]))
-    texts = _post_texts(setup, v, kept, idx)
-    m.update(_text_metrics(setup, text, v, kept, idx, eng, texts))
-    if setup.cohorts is not None:
-        m["cohorts"] = cohort_metrics(setup, text, v, upd, kept, idx, texts)
-    return m
 
 
 def cohort_metrics(setup: Setup, text: Text, v: EpochView, upd, kept, idx, texts
