@@ -188,7 +188,7 @@ def programs(setup: Setup, weights: Weights, text: Text) -> Dict[str, Any]:
     return dict(
         fns=fns, encoder=encoder, traces=traces,
         rollout=BindFrozen(jax.jit(fns.rollout), grammar=setup.grammar, encoder=encoder),
-        score=BindFrozen(jax.jit(fns.score_batch), grammar=setup.grammar),
+        score=BindFrozen(jax.jit(fns.score_rollout), grammar=setup.grammar),
         view=jax.jit(fns.view),
         # state shardings pinned (as `place` gives them) and the state donated
         epoch=jax.jit(traces, donate_argnums=0, in_shardings=(sh, rep, rep),
