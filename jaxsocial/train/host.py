@@ -1,6 +1,7 @@
 """The host side of an epoch: metrics, samples, the society's summary, the code bonus,
-interviews and the Hugging Face export. Functions of the set-up (`train.setup`), the run's
-text banks and the epoch's `EpochView` / state; nothing here is compiled into the epoch."""
+interviews and the names of the run's exports (`train.run.Run.export_policy` writes them).
+Functions of the set-up (`train.setup`), the run's text banks and the epoch's `EpochView` /
+state; nothing here is compiled into the epoch."""
 
 from __future__ import annotations
 
@@ -10,18 +11,15 @@ from typing import Any, Dict, List, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from jaxsocial.agents import prompting, tool_calls
 from jaxsocial.generation.generate import generate_from_state
 from jaxsocial.generation.sampling import SamplingConfig
-from jaxsocial.models import checkpoint_hf
 from jaxsocial.rl import lora as lora_lib
 from jaxsocial.rl import policy as policy_lib
 from jaxsocial.social import cascades, polarisation, society
 from jaxsocial.social.actions import ActionType
 from jaxsocial.train import code_problems, report, sharding
-from jaxsocial.train import cohorts as cohorts_lib
 from jaxsocial.train import setup as setup_lib
 from jaxsocial.train.epoch import EpochView, Rollout
 from jaxsocial.train.setup import RunState, Setup, Text
@@ -339,35 +337,3 @@ def export_names(setup: Setup) -> tuple:
     if setup.cohorts is None:
         return ("export", "initial")
     return tuple(f"export/{setup.cohorts.names[c]}" for c in setup.cohorts.trained) + ("initial",)
-
-
-def export_policy(setup: Setup, state: RunState, path: str, write: bool = True,
-                  initial: bool = False, cohort: Optional[str] = None) -> None:
-    """Write the current policy as a complete Hugging Face directory: weights, config.json,
-    generation_config.json (eos = the run's stop ids) (`checkpoint_hf.save_pretrained`) and
-    the tokenizer with its chat template, so `AutoTokenizer` / `AutoModelForCausalLM` and
-    `launch/eval.py` load it as it is. initial: the run's initial policy instead (the
-    frozen reference: the weights before any update). cohort: with cohorts, the name of the
-    trainable cohort whose adapter is merged in. Multi-process: every process must call it
-    (the weights are gathered); `write` only on one."""
-    train = state.train
-    if initial:
-        weights = train.ref_params
-    elif setup.cohorts is not None:
-        co = setup.cohorts
-        if cohort not in co.names or not co.trainable[co.names.index(cohort)]:
-            raise ValueError(f"cohort={cohort!r}: export one of the trainable cohorts "
-                             f"{[co.names[c] for c in co.trained]}")
-        adapters = cohorts_lib.cohort_params(train, co.slots[co.names.index(cohort)])["policy"]
-        weights = lora_lib.merged_weights_for_export(train.ref_params, adapters, setup.pdef.lora)
-    elif setup.pdef.lora is not None:
-        weights = lora_lib.merged_weights_for_export(train.ref_params, train.params["policy"],
-                                                     setup.pdef.lora)
-    else:
-        weights = train.params["policy"]
-    host = sharding.to_host(weights)
-    if write:
-        model = nnx.merge(setup.pdef.graphdef, host)
-        model.config = model.config.replace(eos_token_id=tuple(setup.stop_ids))
-        checkpoint_hf.save_pretrained(model, path)
-        setup.tokenizer.save_pretrained(path)
