@@ -73,7 +73,7 @@ class Run:
     score: BindFrozen     # (train, Rollout, bonus) -> (Trajectory, score, engagement, gap)
     view: Any             # jitted fns.view
     epoch: Any            # (state, grammar, encoder) -> (state, update metrics, view), donated
-    traces: _Traces
+    traces: _Traces       # `traces.count`: how many times the one-program epoch was traced
     # `compile_epoch`'s executable, once asked for (then `run_epoch` runs it: one compile)
     compiled: dict = dataclasses.field(default_factory=dict)
 
@@ -84,10 +84,6 @@ class Run:
     @property
     def mesh(self):
         return self.setup.mesh
-
-    @property
-    def epoch_trace_count(self) -> int:
-        return self.traces.count
 
     def init_state(self) -> RunState:
         """Fresh run: initial policy (= reference), society reset, keys from config.seed."""
