@@ -7,7 +7,7 @@ r"""Ask a trained society's LLM agents a question, outside the society.
 The run's config comes from `workdir/config.json` and its state from the checkpoint of
 `--epoch` (default: the newest). Every agent answers in its own context: its persona and the
 feed the recommender would show it now, with the question in place of the action instruction,
-decoded greedily by the policy (`Run.interview`). Nothing is posted and nothing is saved
+decoded greedily by the policy (`train.host.interview`). Nothing is posted and nothing is saved
 to the workdir. With `--export=DIR` the policy is that Hugging Face directory (e.g. a run's
 export/ or initial/) in the society as the config starts it (the workdir's checkpoints are not
 read). One JSON object per agent goes to stdout (and `--out`); bad input is one `error:` line,
@@ -56,7 +56,7 @@ def load_config(workdir: str):
 def interview(workdir: str, question: str, epoch=None, export: str = "",
               max_new_tokens: int = 48) -> List[dict]:
     """The agents' answers (see the module docstring)."""
-    from jaxsocial.train import checkpointing
+    from jaxsocial.train import checkpointing, host
     from jaxsocial.train import run as run_lib
 
     if not question or not question.strip():
@@ -85,7 +85,7 @@ def interview(workdir: str, question: str, epoch=None, export: str = "",
         finally:
             ckpt.close()
         state = run.place(restored)
-    return run.interview(state, question, max_new_tokens=max_new_tokens)
+    return host.interview(run.setup, state, question, max_new_tokens=max_new_tokens)
 
 
 def main(argv: List[str]):

@@ -96,4 +96,4 @@ def test_an_automatic_micro_batch_is_halved_until_it_fits(built, monkeypatch):
     assert fitted.compiled["epoch"] is compiled
     # The fitted run trains with the executable it was checked with.
     new, metrics, _ = fitted.run_epoch(fitted.init_state())
-    assert metrics["ppo"]["grad_norm"] > 0 and fitted.epoch_trace_count == 1
+    assert metrics["ppo"]["grad_norm"] > 0 and fitted.traces.count == 1

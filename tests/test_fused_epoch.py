@@ -56,7 +56,7 @@ def test_one_program_epoch_matches_three_programs_and_compiles_once():
                                   sharding.to_host(s_t.society.posts.id))
     # A second epoch reuses the compiled program; the epoch counter advances.
     s_f, m2, _ = fused.run_epoch(s_f)
-    assert fused.epoch_trace_count == 1 and m2["epoch"] == 2
+    assert fused.traces.count == 1 and m2["epoch"] == 2
     # Negative control: another seed's epoch is a different run.
     other = _run(True, seed=1)
     s_o, _, _ = other.run_epoch(other.init_state())

@@ -1,4 +1,4 @@
-"""Interviews (`agents.interviews`, `Run.interview`, launch/interview.py): the agents answer
+"""Interviews (`agents.interviews`, `host.interview`, launch/interview.py): the agents answer
 a question outside the society. The run with interviews trains exactly as the run without them
 (nothing is posted or rewarded), the answers land in interviews.jsonl and summary.md, and the
 launcher reproduces them from the checkpoint."""

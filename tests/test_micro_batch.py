@@ -39,8 +39,8 @@ def test_the_micro_batch_is_resolved_from_the_token_budget(kw, rows, seq, mesh, 
 def test_the_resolved_micro_batch_reaches_the_rl_config():
     c = load_config_file("configs/demo.py")
     assert c.rl.micro_batch == 0 and c.rl.micro_tokens == run_config.MICRO_TOKENS
-    assert run_config.rl_config(c, 16, seq_len=592, mesh_shape=(1, 1, 1)).micro_batch == 6
-    assert run_config.rl_config(c, 16).micro_batch == 0  # no sizes: left as set
+    assert run_config.algo_config(c, 16, seq_len=592, mesh_shape=(1, 1, 1)).micro_batch == 6
+    assert run_config.algo_config(c, 16).micro_batch == 0  # no sizes: left as set
 
 
 def _first_epoch(**rl):

@@ -6,7 +6,7 @@ import jax
 import ml_collections
 import pytest
 
-from jaxsocial.rl import config as rl_config
+from jaxsocial.rl import config as rl_classes
 from jaxsocial.rl import grpo, optim, ppo
 from jaxsocial.train import config as run_config
 
@@ -19,9 +19,9 @@ def _build(rl, **kw):
 
 
 def test_one_shared_base():
-    assert issubclass(ppo.PPOConfig, rl_config.OptimConfig)
-    assert issubclass(grpo.GRPOConfig, rl_config.OptimConfig)
-    shared = {f.name for f in dataclasses.fields(rl_config.OptimConfig)}
+    assert issubclass(ppo.PPOConfig, rl_classes.OptimConfig)
+    assert issubclass(grpo.GRPOConfig, rl_classes.OptimConfig)
+    shared = {f.name for f in dataclasses.fields(rl_classes.OptimConfig)}
     for name in ("learning_rate", "num_minibatches", "micro_batch", "logits_chunk", "clip_eps",
                  "clip_eps_high", "kl_coef", "lr_schedule", "warmup_steps", "max_grad_norm"):
         assert name in shared
@@ -35,7 +35,7 @@ def test_defaults_build_the_dataclass_defaults():
     g = _build(c.rl, group_size=4)
     # shared fields follow c.rl (PPO's defaults), GRPO's own fields its defaults
     assert g == grpo.GRPOConfig(**FIXED, **{n: getattr(got, n) for n in
-                                            rl_config.base_field_names()}, group_size=4)
+                                            rl_classes.base_field_names()}, group_size=4)
 
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])

@@ -271,7 +271,7 @@ def test_running_normalization_keeps_its_statistics_in_the_state():
     assert float(stats.count) == run.setup.active * int(c.rollout.ticks_per_epoch)
     assert np.isfinite(float(stats.var))
     c2 = load_config()  # control: no running statistics without the mode
-    assert run_config.rl_config(c2, run.setup.active).reward_norm == "none"
+    assert run_config.algo_config(c2, run.setup.active).reward_norm == "none"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -95,7 +95,7 @@ def test_single_policy_reward_weighs_dislikes_where_set(dislike):
     setup = setup_lib.build_setup(c, one_device())
     e = setup.social_params.engagement_channels
     assert e == (5 if dislike else 3)
-    social_reward = epoch_lib.make_scoring(setup)[0]
+    social_reward = epoch_lib.make_social_reward(setup)
     # 2 ticks x 2 rows; posts 0 and 1 in slots 0, 1 of a 2-slot ring, row 1 of tick 1 no post
     deltas = np.zeros((2, 2, e), np.int32)
     deltas[0, 0, 0], deltas[1, 1, 0], deltas[1, 1, e - 1] = 2, 3, 4  # likes; the last: dislikes

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxsocial.rl import rewards
 from jaxsocial.social import metrics, society
 from jaxsocial.social.actions import ActionType as T
 from jaxsocial.social.actions import Reason, empty_actions, make_actions
@@ -220,16 +221,24 @@ def test_agent_actions_in_step_and_horizon_reward(run):
         assert a.created_slot[0] == pid % 192 and a.created_generation[0] == pid // 192
         created.append((t, pid))
     final = states[-1]
-    for t, pid in created:
+    # The training loop's reward: likes within the horizon from the recorded deltas and slot ids
+    # (rewards.engagement_within_horizon, as train.epoch calls it)
+    loop_likes = rewards.engagement_within_horizon(
+        jnp.asarray([pid for _, pid in created], jnp.int32),
+        jnp.stack([infos[t].tick for t, _ in created]),
+        jnp.stack([i.engagement_delta for i in infos]),
+        jnp.stack([s.posts.id for s in states[1:]]), h, first_tick=infos[0].tick)[:, 0]
+    for j, (t, pid) in enumerate(created):
         s = pid % 192
         assert int(final.posts.author[s]) == 0
         assert (np.asarray(final.posts.tokens[s]) == t + 1).all()
-        # reward from the per-tick deltas == likes_h frozen in the state
+        # reward from the per-tick deltas == the loop's == likes_h frozen in the state
         from_deltas = sum(int(infos[u].like_delta[s]) for u in range(t, min(t + h, TICKS)))
-        got, is_final, alive = society.horizon_likes(final, jnp.int32(pid), PARAMS)
-        assert bool(alive)
-        assert int(got) == from_deltas
-        assert bool(is_final) == (t + h <= TICKS)
+        assert float(loop_likes[j]) == from_deltas
+        assert bool(final.posts.alive(jnp.int32(pid)))
+        assert int(final.posts.likes_h[s]) == from_deltas
+        is_final = int(final.tick) - int(final.posts.created_at[s]) >= h
+        assert is_final == (t + h <= TICKS)
     assert any(int(infos[t].like_delta[pid % 192]) > 0 for t, pid in created)
 
 

@@ -3,8 +3,8 @@
 actions) and over the float fields of `params` (a sweep; sizes and choices are static).
 
 Not gymnax's contract: the society has no single agent, so `step` returns no observation,
-reward or done. Observations are feeds (`observe`), rewards are likes within a horizon
-(`horizon_likes`, `StepInfo.like_delta`); the training loop composes them.
+reward or done. Observations are feeds (`observe`), rewards are likes within a horizon, which
+the training loop sums from the recorded `StepInfo.like_delta` / `engagement_delta`.
 
 A step: apply the LLM agents' action batch (any size, possibly empty) -> crowd reactions on the
 updated state -> freeze horizon likes -> advance the clock.  With recsys="twhin" each applied
@@ -274,14 +274,3 @@ def observe(key: jax.Array, state: SocialState, users: jax.Array, params: Social
         state = state.replace(inbox=state.inbox.replace(
             pending=state.inbox.pending.at[row].set(False, mode="drop")))
     return state, f
-
-
-def horizon_likes(state: SocialState, ids: jax.Array, params: SocialParams):
-    """For global post ids: (likes within the reward horizon `[..]` int32, final `[..]` bool =
-    the horizon has passed, alive `[..]` bool).  Valid only where alive; for evicted posts sum
-    `StepInfo.like_delta` instead."""
-    posts = state.posts
-    slot = posts.slot(ids)
-    alive = posts.alive(ids)
-    final = alive & (state.tick - posts.created_at[slot] >= params.reward_horizon)
-    return jnp.where(alive, posts.likes_h[slot], 0), final, alive

@@ -146,6 +146,31 @@ def from_config(config) -> Optional[Cohorts]:
         return None
     a = int(config.agents.num_agents)
     active = int(config.agents.get("active_per_tick", 0)) or a
+    _check_keys(entries)
+    names = tuple(str(e.get("name", f"cohort{i}")) for i, e in enumerate(entries))
+    if len(set(names)) != len(names) or not all(n and "/" not in n for n in names):
+        raise _problem(f"names {names} must be distinct, non-empty and free of '/'")
+    trainable = tuple(bool(e.get("trainable", True)) for e in entries)
+    _check_run(config, trainable)
+    members = _members(entries, a)
+    acting = _acting(names, trainable, members, active, a, config.rl)
+    copy_from = tuple(str(e.get("copy_from", "") or "") for e in entries)
+    copy_every = tuple(int(e.get("copy_every", 1)) for e in entries)
+    _check_copies(names, trainable, copy_from, copy_every)
+    r = config.reward
+    reward = np.asarray([[float(dict(e.get("reward", {}) or {}).get(k, r.get(k, 0.0)))
+                          for k in REWARD_KEYS] for e in entries], np.float32)
+    agent_cohort = np.zeros(a, np.int32)
+    for c, m in enumerate(members):
+        agent_cohort[m] = c
+    return Cohorts(names=names, trainable=trainable, members=tuple(members),
+                   active=tuple(acting), reward=reward,
+                   personas=tuple(tuple(e.get("personas", ()) or ()) for e in entries),
+                   agent_cohort=agent_cohort, copy_from=copy_from, copy_every=copy_every)
+
+
+def _check_keys(entries) -> None:
+    """Every cohort's keys and reward keys are known ones."""
     for i, e in enumerate(entries):
         unknown = sorted(set(e) - set(COHORT_KEYS))
         if unknown:
@@ -153,10 +178,11 @@ def from_config(config) -> Optional[Cohorts]:
         bad = sorted(set(dict(e.get("reward", {}) or {})) - set(REWARD_KEYS))
         if bad:
             raise _problem(f"cohort {i}'s reward has unknown keys {bad}; use {REWARD_KEYS}")
-    names = tuple(str(e.get("name", f"cohort{i}")) for i, e in enumerate(entries))
-    if len(set(names)) != len(names) or not all(n and "/" not in n for n in names):
-        raise _problem(f"names {names} must be distinct, non-empty and free of '/'")
-    trainable = tuple(bool(e.get("trainable", True)) for e in entries)
+
+
+def _check_run(config, trainable: Tuple[bool, ...]) -> None:
+    """What a cohort run needs of the rest of the config: a trainable cohort, LoRA, and the
+    one-program epoch."""
     if not any(trainable):
         raise _problem("no cohort is trainable: set trainable=True on at least one")
     if int(config.rl.lora_rank) < 1:
@@ -165,12 +191,16 @@ def from_config(config) -> Optional[Cohorts]:
     if bool(config.code.enabled) or not bool(config.train.get("fused_epoch", True)):
         raise _problem("cohorts run as one compiled epoch: the host-reward path "
                        "(code.enabled, train.fused_epoch=False) is not supported with them")
-    members = _members(entries, a)
+
+
+def _acting(names, trainable, members, active: int, num_agents: int, rl) -> list:
+    """Per cohort: its agents acting per tick (its share of `active`, a whole number), equal
+    over the trainable cohorts and (GRPO) split evenly by rl.group_size."""
     acting = []
     for name, m in zip(names, members):
-        n_act = active * len(m) / a
+        n_act = active * len(m) / num_agents
         if n_act != int(n_act) or n_act < 1:
-            raise _problem(f"cohort {name!r} has {len(m)} of {a} agents: with "
+            raise _problem(f"cohort {name!r} has {len(m)} of {num_agents} agents: with "
                            f"agents.active_per_tick={active} its share of the acting agents "
                            f"({n_act:g}) must be a whole number >= 1")
         acting.append(int(n_act))
@@ -178,13 +208,17 @@ def from_config(config) -> Optional[Cohorts]:
     if len(trained_active) > 1:
         raise _problem(f"trainable cohorts must act equally often (their updates share one "
                        f"compiled step): agents acting per tick {dict(zip(names, acting))}")
-    if config.rl.algo == "grpo":
-        g = int(config.rl.get("group_size", 0) or 0)
+    if rl.algo == "grpo":
+        g = int(rl.get("group_size", 0) or 0)
         if g and next(iter(trained_active)) % g:
             raise _problem(f"rl.group_size={g} must divide each trainable cohort's agents "
                            f"acting per tick ({next(iter(trained_active))})")
-    copy_from = tuple(str(e.get("copy_from", "") or "") for e in entries)
-    copy_every = tuple(int(e.get("copy_every", 1)) for e in entries)
+    return acting
+
+
+def _check_copies(names, trainable, copy_from, copy_every) -> None:
+    """copy_from: only a trainable cohort copies, from "best" or another trainable cohort,
+    every copy_every >= 1 epochs."""
     for name, t, src, every in zip(names, trainable, copy_from, copy_every):
         if not src:
             continue
@@ -197,16 +231,6 @@ def from_config(config) -> Optional[Cohorts]:
                            f"trainable cohort's name")
         if every < 1:
             raise _problem(f"cohort {name!r}: copy_every={every} must be >= 1")
-    r = config.reward
-    reward = np.asarray([[float(dict(e.get("reward", {}) or {}).get(k, r.get(k, 0.0)))
-                          for k in REWARD_KEYS] for e in entries], np.float32)
-    agent_cohort = np.zeros(a, np.int32)
-    for c, m in enumerate(members):
-        agent_cohort[m] = c
-    return Cohorts(names=names, trainable=trainable, members=tuple(members),
-                   active=tuple(acting), reward=reward,
-                   personas=tuple(tuple(e.get("personas", ()) or ()) for e in entries),
-                   agent_cohort=agent_cohort, copy_from=copy_from, copy_every=copy_every)
 
 
 def personas(cohorts: Optional[Cohorts], base: Sequence[str]) -> Tuple[str, ...]:

@@ -1,7 +1,7 @@
 """A run's configuration: the defaults every config starts from (`base_config`; configs/*.py
 override what they need), the helpers that read a block (`society_fields`, `model_switches`,
 `config_get`), the mapping of the `rl` block onto the algorithms' dataclasses
-(`from_run_config`, `rl_config`), and the resume comparison (`resume_differences`). The checks
+(`from_run_config`, `algo_config`), and the resume comparison (`resume_differences`). The checks
 that run before anything is built are `train.checks.check`.
 
 Adding a config key: declare it with its default and a comment in `base_config`, check it in
@@ -47,16 +47,48 @@ FOOTER = "Your action:"
 
 
 def base_config() -> ml_collections.ConfigDict:
+    """Every key of a run with its default, one block per section (configs/*.py override what
+    they need)."""
     c = ml_collections.ConfigDict()
     c.name = "run"
     c.seed = 0
-    c.model = ml_collections.ConfigDict(dict(
+    c.model = _model_block()
+    c.tokenizer = ""
+    c.agents = _agents_block()
+    c.society = _society_block()
+    c.rollout = _rollout_block()
+    c.reward = _reward_block()
+    c.rl = _rl_block()
+    c.train = _train_block()
+    # Verifiable bonus for answers to programming problems (configs/code.py).
+    c.code = ml_collections.ConfigDict(dict(enabled=False, bonus=1.0, timeout_s=5.0,
+                                            memory_mb=256))
+    # The society's text (jaxsocial.social.text_bank), embedded once by the frozen encoder:
+    # crowd posts / comments / interest descriptions from `path` ("" = the packaged
+    # assets/crowd_posts.json, 14 topics); `topics` restricts the crowd's interests to these
+    # topic names (() = all); crowd text is drawn by Gumbel-max over cos / `temperature`;
+    # `cache`: the encoder's rows of these texts (MiniLM's embeddings, a checkpoint's pooled
+    # states) are kept under zoo.cache_dir()/text_bank/ (jaxsocial.train.embed_cache).
+    c.crowd_text = ml_collections.ConfigDict(dict(path="", topics=(), temperature=0.05,
+                                                  cache=True))
+    c.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1)))
+    # Multi-host: jax.distributed.initialize(); empty/-1 values are auto-detected by JAX on
+    # TPU pods, SLURM and Open MPI. One process per host, all running the same command.
+    c.distributed = ml_collections.ConfigDict(dict(enabled=False, coordinator_address="",
+                                                   num_processes=-1, process_id=-1))
+    return c
+
+
+def _model_block() -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(dict(
         preset="tiny", checkpoint="", require_checkpoint=False, dtype="float32",
         param_dtype="float32", remat=False,  # remat: recompute layers in the backward pass
         attention_chunk=0,  # queries per attention block (0 = all): bounds [B, h, T, S]
         scan_layers=False))  # the layers as one lax.scan: gathers stay per layer, fast compile
-    c.tokenizer = ""
-    c.agents = ml_collections.ConfigDict(dict(
+
+
+def _agents_block() -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(dict(
         num_agents=16,
         active_per_tick=0,        # agents acting per tick (a random subset); 0 = all of them
         # Who acts (jaxsocial.social.activation): off = a uniform subset each tick; on = drawn
@@ -88,8 +120,11 @@ def base_config() -> ml_collections.ConfigDict:
         # () = one trainable policy for every agent.
         cohorts=(),
     ))
+
+
+def _society_block() -> ml_collections.ConfigDict:
     # Passed to jaxsocial.social.state.SocialParams (num_agents is set from agents.num_agents).
-    c.society = ml_collections.ConfigDict(dict(
+    return ml_collections.ConfigDict(dict(
         num_users=2048, num_personas=4, embed_dim=16, post_capacity=2048, content_len=12,
         num_seed_posts=256, feed_size=4, pool_size=128, recsys="twitter", crowd=True,
         max_active=256, crowd_budget=512,
@@ -97,13 +132,20 @@ def base_config() -> ml_collections.ConfigDict:
         # reference policy's pooled states through a fixed random projection to embed_dim;
         # "minilm" = all-MiniLM-L6-v2's sentence embedding of the posts' text (embed_dim=384).
         encoder="reference"))
-    c.rollout = ml_collections.ConfigDict(dict(
+
+
+def _rollout_block() -> ml_collections.ConfigDict:
+    rollout = ml_collections.ConfigDict(dict(
         ticks_per_epoch=8, max_new_tokens=16, temperature=0.7, top_k=0, top_p=1.0,
         decode_buckets=1))  # SamplingConfig.decode_buckets: > 1 pays for long responses only
     # The sampling temperature in tool_call mode (None: rollout.temperature): a small model
     # writes valid JSON far more often when it samples colder.
-    c.rollout.tool_call_temperature = ml_collections.config_dict.placeholder(float)
-    c.reward = ml_collections.ConfigDict(dict(
+    rollout.tool_call_temperature = ml_collections.config_dict.placeholder(float)
+    return rollout
+
+
+def _reward_block() -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(dict(
         horizon=4,           # H ticks after creation
         settle=True,         # H-1 crowd-only ticks end each epoch so every post sees its horizon
         like=1.0, repost=0.0, comment=0.0, new_followers=0.0,
@@ -118,6 +160,9 @@ def base_config() -> ml_collections.ConfigDict:
         non_post=0.0,
         normalize="none",    # "none" | "whiten" (per epoch) | "running"
     ))
+
+
+def _rl_block() -> ml_collections.ConfigDict:
     # Every PPOConfig / GRPOConfig field under its own name, with the dataclass defaults
     # (shared fields: PPO's; table in docs/rl.md): learning_rate=3e-6, ppo_epochs=4,
     # num_minibatches=1, micro_batch=0 (rows per gradient-accumulation micro-batch and scoring
@@ -125,7 +170,7 @@ def base_config() -> ml_collections.ConfigDict:
     # clip_eps=0.2, kl_coef=0.05 (adaptive_kl: its start), lr_schedule, clip_eps_high,
     # kl_target, loss_aggregation, ... Sampling fields come from c.rollout, reward_norm from
     # c.reward.normalize.
-    c.rl = ml_collections.ConfigDict(dict(
+    rl = ml_collections.ConfigDict(dict(
         algo="ppo",          # "ppo" | "grpo"
         value_mode="head",   # PPO critic: "head" | "critic"
         lora_rank=0, lora_alpha=16.0,  # lora_rank > 0: train adapters only (ref = base)
@@ -133,8 +178,12 @@ def base_config() -> ml_collections.ConfigDict:
         # holds at most this many tokens per data shard (`micro_batch`)
         micro_tokens=MICRO_TOKENS,
         **run_config_fields()))
-    c.rl.group_size = 0      # GRPO: 0 = the agents acting in one tick form a group
-    c.train = ml_collections.ConfigDict(dict(
+    rl.group_size = 0      # GRPO: 0 = the agents acting in one tick form a group
+    return rl
+
+
+def _train_block() -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(dict(
         epochs=4, checkpoint_every=1, keep_checkpoints=3, log_samples=4, export_hf=True,
         # "W/checkpoints/N": start from run W's whole state at its epoch N (society, policy,
         # optimizer, keys) and train on from there; only FORK_MAY_CHANGE keys may differ
@@ -147,23 +196,6 @@ def base_config() -> ml_collections.ConfigDict:
         # "gpu:h100:8", ... (jaxsocial.scale.targets)
         preflight="",
         text_metrics_posts=4096))  # text drift / topics / top posts over the first K posts
-    # Verifiable bonus for answers to programming problems (configs/code.py).
-    c.code = ml_collections.ConfigDict(dict(enabled=False, bonus=1.0, timeout_s=5.0,
-                                            memory_mb=256))
-    # The society's text (jaxsocial.social.text_bank), embedded once by the frozen encoder:
-    # crowd posts / comments / interest descriptions from `path` ("" = the packaged
-    # assets/crowd_posts.json, 14 topics); `topics` restricts the crowd's interests to these
-    # topic names (() = all); crowd text is drawn by Gumbel-max over cos / `temperature`;
-    # `cache`: the encoder's rows of these texts (MiniLM's embeddings, a checkpoint's pooled
-    # states) are kept under zoo.cache_dir()/text_bank/ (jaxsocial.train.embed_cache).
-    c.crowd_text = ml_collections.ConfigDict(dict(path="", topics=(), temperature=0.05,
-                                                  cache=True))
-    c.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1, 1)))
-    # Multi-host: jax.distributed.initialize(); empty/-1 values are auto-detected by JAX on
-    # TPU pods, SLURM and Open MPI. One process per host, all running the same command.
-    c.distributed = ml_collections.ConfigDict(dict(enabled=False, coordinator_address="",
-                                                   num_processes=-1, process_id=-1))
-    return c
 
 
 def society_fields(c: ml_collections.ConfigDict) -> dict:
@@ -389,14 +421,14 @@ def micro_step(config: ml_collections.ConfigDict, rows: int, mesh_shape=None) ->
     return shards, shards
 
 
-def rl_config(config: ml_collections.ConfigDict, active: int, seq_len: int = 0,
-              mesh_shape=None):
+def algo_config(config: ml_collections.ConfigDict, active: int, seq_len: int = 0,
+                mesh_shape=None, stop_ids=()):
     """The run's PPOConfig / GRPOConfig from `config.rl` (`from_run_config`), sampling from
     `config.rollout`, PPO's reward_norm from `config.reward.normalize`; `active` agents per
-    tick are GRPO's default group (`rl.group_size=0`). The stop ids are the caller's (the
-    tokenizer's; () for sizing). seq_len > 0 (prompt + response tokens): an automatic
-    `rl.micro_batch` is resolved (`micro_batch`, for minibatches of ticks x active /
-    num_minibatches rows on `mesh_shape`); 0 leaves it as set."""
+    tick are GRPO's default group (`rl.group_size=0`). stop_ids: the tokenizer's stop ids (()
+    for sizing). seq_len > 0 (prompt + response tokens): an automatic `rl.micro_batch` is
+    resolved (`micro_batch`, for minibatches of ticks x active / num_minibatches rows on
+    `mesh_shape`); 0 leaves it as set."""
     c = config
     group = int(_get(c, "rl.group_size", 0) or 0) or active
     fixed = {}
@@ -405,7 +437,7 @@ def rl_config(config: ml_collections.ConfigDict, active: int, seq_len: int = 0,
         fixed["micro_batch"] = micro_batch(c, rows, seq_len, mesh_shape)
     return from_run_config(
         c.rl, loop_keys=RL_LOOP_KEYS,
-        stop_token_ids=(), temperature=temperature(c), top_k=int(c.rollout.top_k),
+        stop_token_ids=tuple(stop_ids), temperature=temperature(c), top_k=int(c.rollout.top_k),
         top_p=float(c.rollout.top_p), group_size=group,
         reward_norm="running" if _get(c, "reward.normalize") == "running" else "none",
         **fixed)

@@ -7,7 +7,9 @@
 `make_epoch` reads the set-up once (templates, action vocabularies, sampling, the update, the
 society's knobs, the society encoder's definition) and returns closures that hold those values
 and nothing mutable. `grammar` is `setup.grammar`; `encoder` the society encoder's frozen input
-(`encoder_input`: the sentence encoder's weights, or the reference encoder's centre):
+(`encoder_input`: the sentence encoder's weights, or the reference encoder's centre). Each
+function has its own builder here (`make_embed`, `make_rollout` over `make_agent_tick`,
+`make_social_reward`, `make_score_rollout`, `make_view`):
 
 - `embed(ref_params, encoder, content) -> [B, d]`: the society's frozen encoder
   (`society.encoder`: the sentence encoder, or the reference policy's pooled states, centred,
@@ -19,16 +21,16 @@ and nothing mutable. `grammar` is `setup.grammar`; `encoder` the society encoder
   `reward.horizon - 1` crowd-only "settle" ticks let every post of the epoch see its full
   horizon;
 - `social_reward(Rollout) -> (score [T, B], engagement [T, B, E])`: the social reward;
-- `score_batch(train, Rollout, bonus, grammar) -> (Trajectory, score, engagement,
-  logprob_gap)`: the scoring pass (policy and reference log-probs, values) over the epoch's
-  trajectories;
+- `score_rollout(train, Rollout, bonus, grammar) -> (Trajectory, score, engagement,
+  logprob_gap)`: the scoring pass (policy and reference log-probs, values:
+  `rl.policy.score_batch`) over the epoch's trajectories;
 - `update(train, Trajectory, grammar) -> (train, metrics)`: PPO or GRPO (`rl.ppo` / `rl.grpo`);
 - `view(Rollout, score, engagement, gap) -> EpochView`: what metrics and samples read;
 - `begin(RunState) -> (key, rollout key)` and `end(RunState, key, society, train)
   -> RunState`: the epoch's key split and the new state, shared by both paths;
 - `epoch(RunState, grammar, encoder) -> (RunState, update metrics, EpochView)`: all of the
   above in one program. The host-reward path (`train.run`) calls the same `begin`, `rollout`,
-  `score_batch`, `update` and `end` as three programs with the host's bonus in between.
+  `score_rollout`, `update` and `end` as three programs with the host's bonus in between.
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ class EpochFns(NamedTuple):
     embed: Callable
     rollout: Callable
     social_reward: Callable
-    score_batch: Callable
+    score_rollout: Callable
     update: Callable
     view: Callable
     begin: Callable
@@ -141,32 +143,15 @@ def rows_on_data_axes(tree, mesh):
     return jax.lax.with_sharding_constraint(tree, sharding.tree_data_shardings(tree, mesh))
 
 
-def make_rollout(setup: Setup):
-    """-> (embed, rollout): the society's frozen encoder and the epoch's rollout (see the module
-    docstring), from the set-up."""
-    c = setup.config
-    r = c.reward
-    mesh, pdef, sp = setup.mesh, setup.pdef, setup.social_params
-    num_agents, active = setup.num_agents, setup.active
-    weights_of_hour = None if setup.activation is None else jnp.asarray(setup.activation)
-    template, vocab, tools, tool_call = setup.template, setup.vocab, setup.tools, setup.tool_call
-    sampling = setup.sampling
+def make_embed(setup: Setup):
+    """-> embed(ref_params, encoder, content [B, L] policy tokens) -> unit embeddings [B, d]:
+    the society's frozen encoder. encoder: `encoder_input` (the sentence encoder's weights, or
+    the reference encoder's centre [H], subtracted from the reference policy's pooled states)."""
     encoder_kind = setup.encoder.kind  # society.encoder (train.society_encoder)
     encoder_graphdef, retokenizer = setup.encoder.graphdef, setup.encoder.retokenizer
-    projection = setup.encoder.projection
-    ticks = int(c.rollout.ticks_per_epoch)
-    settle = sp.reward_horizon - 1 if r.settle else 0
-    # rl.old_values="rollout": the value head reads the generator's hidden states, and the
-    # policy's scoring forward is skipped for the values too.
-    rollout_values = setup.old_values == "rollout"
-    # agents.cohorts: each row of a tick answers with its cohort's adapter (train.cohorts)
-    cohorts = setup.cohorts
-    row_slot = None if cohorts is None else jnp.asarray(cohorts.row_slot)
+    projection, pdef = setup.encoder.projection, setup.pdef
 
     def embed(ref_params, encoder, content: Array) -> Array:
-        """The society's frozen encoder: content [B, L] policy tokens -> unit embeddings [B, d].
-        encoder: `encoder_input` (the sentence encoder's weights, or the reference encoder's
-        centre [H], subtracted from the reference policy's pooled states)."""
         if encoder is None:
             raise ValueError(f"society.encoder={encoder_kind!r}: pass the encoder's input "
                              f"(encoder=epoch.encoder_input(...)) to the rollout / epoch")
@@ -176,12 +161,18 @@ def make_rollout(setup: Setup):
             society_encoder.pooled_states(pdef.graphdef, ref_params, content), encoder,
             projection)
 
-    def record(soc: SocialState, info: society.StepInfo):
-        return info.engagement_delta, soc.posts.id, info.follower_delta, info.crowd_posts
+    return embed
+
+
+def make_acting_agents(setup: Setup):
+    """-> acting_agents(key, soc) -> [B] int32: the tick's acting agents, by the hour's
+    activity (OASIS's profiles), a uniform random subset, or all agents (with cohorts: within
+    each cohort, the cohorts' rows in order)."""
+    sp, num_agents, active, cohorts = (setup.social_params, setup.num_agents, setup.active,
+                                       setup.cohorts)
+    weights_of_hour = None if setup.activation is None else jnp.asarray(setup.activation)
 
     def acting_agents(key, soc: SocialState) -> Array:
-        """[B] int32: by the hour's activity (OASIS's profiles), a uniform random subset, or
-        all agents (with cohorts: within each cohort, the cohorts' rows in order)."""
         if cohorts is not None:
             hourly = None
             if weights_of_hour is not None:
@@ -194,55 +185,98 @@ def make_rollout(setup: Setup):
             return jnp.sort(jax.random.permutation(key, num_agents)[:active]).astype(jnp.int32)
         return jnp.arange(num_agents, dtype=jnp.int32)
 
+    return acting_agents
+
+
+def parse_answers(setup: Setup, out):
+    """(parsed actions, failure [B] int32 tool_calls.FAIL_*) of the tick's generated answers:
+    the tool-call scanner (agents.action_mode="tool_call", failures by kind) or the action
+    parser (failure: FAIL_NO_JSON where an answer does not parse)."""
+    content_len = setup.social_params.content_len
+    if setup.tool_call:
+        return tool_calls.parse_tool_call(setup.tools, out.tokens, out.mask, content_len)
+    parsed = actions.parse(setup.vocab, out.tokens, out.mask, content_len)
+    failure = jnp.where(parsed.parsed, tool_calls.FAIL_OK,
+                        tool_calls.FAIL_NO_JSON).astype(jnp.int32)
+    return parsed, failure
+
+
+def _record(soc: SocialState, info: society.StepInfo):
+    """What every recorded tick (agent or settle) keeps for the social reward."""
+    return info.engagement_delta, soc.posts.id, info.follower_delta, info.crowd_posts
+
+
+def make_agent_tick(setup: Setup, embed, row_slot):
+    """-> agent_tick(soc, key, weights, params, ref_params, grammar, encoder)
+    -> ((soc, key), (Rollout fields of the tick, its record)): the LLM agents read their feed,
+    the policy (`weights`) answers, the answers are parsed into society actions and the society
+    steps. row_slot [B]: with cohorts, each row's adapter (its value head, rl.old_values=
+    "rollout")."""
+    sp, mesh, pdef = setup.social_params, setup.mesh, setup.pdef
+    template, sampling = setup.template, setup.sampling
+    # rl.old_values="rollout": the value head reads the generator's hidden states, and the
+    # policy's scoring forward is skipped for the values too.
+    rollout_values = setup.old_values == "rollout"
+    acting_agents = make_acting_agents(setup)
+
+    def agent_tick(soc, key, weights, params, ref_params, grammar, encoder):
+        key, k_act, k_feed, k_gen, k_step = jax.random.split(key, 5)
+        agents = acting_agents(k_act, soc)
+        soc, feed = society.observe(k_feed, soc, agents, sp)
+        feed_authors = jnp.where(feed.valid, soc.posts.author[feed.slots], -1)
+        view = prompting.feed_view(soc.posts, feed.slots, feed.valid, sp.feed_comments or None)
+        ids, mask = prompting.assemble(template, agents, view)
+        ids, mask = rows_on_data_axes((ids, mask), mesh)  # each device: its agents
+        out = generate_from_state(pdef.graphdef, weights, ids, mask, k_gen, sampling,
+                                  grammar, step_hidden=rollout_values)
+        parsed, failure = parse_answers(setup, out)
+        emb = embed(ref_params, encoder, parsed.content)
+        acts = actions.to_actions(parsed, agents, feed.ids, feed.valid,
+                                  feed_authors, emb, view.comment_ids)
+        soc, info = society.step(k_step, soc, acts, sp)
+        ys = dict(agent=agents, prompt_ids=ids, prompt_mask=mask, tokens=out.tokens,
+                  logprobs=out.logprobs, mask=out.mask, action_type=parsed.type,
+                  parsed=parsed.parsed, failure=failure, reason=info.agent.reason,
+                  created_id=info.agent.created_id, tick=info.tick, target=acts.target,
+                  embedding=emb,
+                  target_author=jnp.where(parsed.feed_pos >= 0, jnp.take_along_axis(
+                      feed_authors, jnp.maximum(parsed.feed_pos, 0)[:, None], 1)[:, 0], -1))
+        if rollout_values:
+            v = (policy_lib.head_values(params, out.step_hidden) if row_slot is None else
+                 cohorts_lib.row_values(params["value"]["head"], out.step_hidden, row_slot))
+            ys["values"] = jnp.where(out.mask, v, 0.0)
+        return (soc, key), (ys, _record(soc, info))
+
+    return agent_tick
+
+
+def make_rollout(setup: Setup, embed):
+    """-> rollout(params, ref_params, society, key, grammar=None, encoder=None)
+    -> (society, Rollout): `rollout.ticks_per_epoch` agent ticks (`make_agent_tick`) in one
+    `lax.scan`, then `reward.horizon - 1` crowd-only settle ticks (`reward.settle`)."""
+    sp, pdef, cohorts = setup.social_params, setup.pdef, setup.cohorts
+    ticks = int(setup.config.rollout.ticks_per_epoch)
+    settle = sp.reward_horizon - 1 if setup.config.reward.settle else 0
+    # agents.cohorts: each row of a tick answers with its cohort's adapter (train.cohorts)
+    row_slot = None if cohorts is None else jnp.asarray(cohorts.row_slot)
+    agent_tick = make_agent_tick(setup, embed, row_slot)
+
+    def settle_tick(carry, _):
+        soc, key = carry
+        key, k_step = jax.random.split(key)
+        soc, info = society.step(k_step, soc, None, sp)
+        return (soc, key), _record(soc, info)
+
     def rollout(params, ref_params, soc: SocialState, key: Array, grammar=None, encoder=None):
         if cohorts is None:
             weights = policy_lib.policy_weights(pdef, params, ref_params)
         else:  # one batched forward, each row through its cohort's adapter (frozen: none)
             weights = lora_lib.adapt(ref_params, params["policy"], pdef.lora, rows=row_slot)
 
-        def agent_tick(carry, _):
-            soc, key = carry
-            key, k_act, k_feed, k_gen, k_step = jax.random.split(key, 5)
-            agents = acting_agents(k_act, soc)
-            soc, feed = society.observe(k_feed, soc, agents, sp)
-            feed_authors = jnp.where(feed.valid, soc.posts.author[feed.slots], -1)
-            view = prompting.feed_view(soc.posts, feed.slots, feed.valid,
-                                       sp.feed_comments or None)
-            ids, mask = prompting.assemble(template, agents, view)
-            ids, mask = rows_on_data_axes((ids, mask), mesh)  # each device: its agents
-            out = generate_from_state(pdef.graphdef, weights, ids, mask, k_gen, sampling,
-                                      grammar, step_hidden=rollout_values)
-            if tool_call:
-                parsed, failure = tool_calls.parse_tool_call(tools, out.tokens, out.mask,
-                                                             sp.content_len)
-            else:
-                parsed = actions.parse(vocab, out.tokens, out.mask, sp.content_len)
-                failure = jnp.where(parsed.parsed, tool_calls.FAIL_OK,
-                                    tool_calls.FAIL_NO_JSON).astype(jnp.int32)
-            emb = embed(ref_params, encoder, parsed.content)
-            acts = actions.to_actions(parsed, agents, feed.ids, feed.valid,
-                                      feed_authors, emb, view.comment_ids)
-            soc, info = society.step(k_step, soc, acts, sp)
-            ys = dict(agent=agents, prompt_ids=ids, prompt_mask=mask, tokens=out.tokens,
-                      logprobs=out.logprobs, mask=out.mask, action_type=parsed.type,
-                      parsed=parsed.parsed, failure=failure, reason=info.agent.reason,
-                      created_id=info.agent.created_id, tick=info.tick, target=acts.target,
-                      embedding=emb,
-                      target_author=jnp.where(parsed.feed_pos >= 0, jnp.take_along_axis(
-                          feed_authors, jnp.maximum(parsed.feed_pos, 0)[:, None], 1)[:, 0], -1))
-            if rollout_values:
-                v = (policy_lib.head_values(params, out.step_hidden) if cohorts is None else
-                     cohorts_lib.row_values(params["value"]["head"], out.step_hidden, row_slot))
-                ys["values"] = jnp.where(out.mask, v, 0.0)
-            return (soc, key), (ys, record(soc, info))
+        def tick(carry, _):
+            return agent_tick(*carry, weights, params, ref_params, grammar, encoder)
 
-        def settle_tick(carry, _):
-            soc, key = carry
-            key, k_step = jax.random.split(key)
-            soc, info = society.step(k_step, soc, None, sp)
-            return (soc, key), record(soc, info)
-
-        (soc, key), (ys, rec) = jax.lax.scan(agent_tick, (soc, key), None, length=ticks)
+        (soc, key), (ys, rec) = jax.lax.scan(tick, (soc, key), None, length=ticks)
         if settle > 0:
             (soc, key), rec_s = jax.lax.scan(settle_tick, (soc, key), None, length=settle)
             rec = jax.tree.map(lambda x, y: jnp.concatenate([x, y]), rec, rec_s)
@@ -250,53 +284,44 @@ def make_rollout(setup: Setup):
         return soc, Rollout(**ys, deltas=deltas, slot_ids=slot_ids,
                             follower_delta=follower_delta, crowd_posts=crowd_posts)
 
-    return embed, rollout
+    return rollout
 
 
-def make_scoring(setup: Setup):
-    """-> (social_reward, score_batch, view): the social reward, the scoring pass and the
-    metrics' view of an epoch's Rollout (see the module docstring), from the set-up."""
-    c = setup.config
-    r = c.reward
-    mesh, pdef, rl_config = setup.mesh, setup.pdef, setup.rl_config
+def non_post_base(mode: str, non_post: float, score, made, onehot=None):
+    """What an answer that created nothing earns (`reward.non_post_mode`): "constant" =
+    reward.non_post; "mean" and "skip" = the epoch's mean post score (onehot [M, C]: with
+    cohorts, its cohort's), so posting pays only when the post beats the average. "skip" scores
+    them the same way (for GRPO's group statistics) and leaves them out of the update
+    (`make_score_rollout`)."""
+    if mode == "constant":
+        return non_post
+    if onehot is None:
+        return jnp.sum(jnp.where(made, score, 0.0)) / jnp.maximum(jnp.sum(made), 1)
+    total = jnp.where(made, score, 0.0) @ onehot                       # [C]
+    return (total / jnp.maximum(made.astype(jnp.float32) @ onehot, 1)) @ onehot.T
+
+
+def make_social_reward(setup: Setup):
+    """-> social_reward(Rollout) -> (score [T, B], engagement [T, B, E]): each post's
+    engagement within the horizon (0 where no post) by the reward's weights, plus its author's
+    new followers; answers that created nothing score `non_post_base`. With cohorts each row by
+    its cohort's weights (`make_cohort_reward`)."""
+    r = setup.config.reward
     horizon = setup.social_params.reward_horizon
     channels = setup.social_params.engagement_channels  # E: 3, or 5 with reports and dislikes
     reward_weights = tuple(float(r.get(k, 0.0)) for k in cohorts_lib.REWARD_KEYS[:channels])
     new_followers = float(r.new_followers)
-    non_post_mode = r.get("non_post_mode", "constant")  # checked by train.config.check
-    non_post, normalize = float(r.non_post), r.normalize
-    text_posts = int(c.train.get("text_metrics_posts", 4096))
-    # rl.old_logprobs: the rollout's log-probs serve as the old log-probs where they are exact
-    # (`policy.old_logprobs_source`), and the policy's scoring forward is skipped.
-    reuse_logprobs = setup.old_logprobs == "rollout"
-    cohorts = setup.cohorts
-    if cohorts is not None:  # each row is scored by its cohort's reward weights
-        row_weights = jnp.asarray(cohorts.reward[cohorts.row_cohort])        # [B, 6]
-        row_onehot = jax.nn.one_hot(jnp.asarray(cohorts.row_cohort), cohorts.num)  # [B, C]
-        followers_col = cohorts_lib.REWARD_KEYS.index("new_followers")
-        cohort_followers = bool(np.any(cohorts.reward[:, followers_col]))
-        cohort_rows = jnp.asarray(cohorts.rows(int(c.rollout.ticks_per_epoch)))  # [K, R]
-
-    def non_post_base(score, made, onehot=None):
-        """What an answer that created nothing earns: reward.non_post, or ("mean", "skip") the
-        epoch's mean post score (with cohorts: its cohort's), so posting pays only when the
-        post beats the average. "skip" scores them the same way (for GRPO's group
-        statistics) and leaves them out of the update (`score_batch`)."""
-        if non_post_mode == "constant":
-            return non_post
-        if onehot is None:
-            return jnp.sum(jnp.where(made, score, 0.0)) / jnp.maximum(jnp.sum(made), 1)
-        total = jnp.where(made, score, 0.0) @ onehot                       # [C]
-        return (total / jnp.maximum(made.astype(jnp.float32) @ onehot, 1)) @ onehot.T
+    mode = r.get("non_post_mode", "constant")  # checked by train.checks.check
+    non_post = float(r.non_post)
+    cohort_reward = None if setup.cohorts is None else make_cohort_reward(setup)
 
     def social_reward(ro: Rollout):
-        """Per-trajectory score [T, B] and per-post engagement [T, B, E] (0 where no post)."""
         t, b = ro.created_id.shape
         created = ro.created_id.reshape(-1)
         created_tick = jnp.repeat(ro.tick, b)
         eng = rewards_lib.engagement_within_horizon(created, created_tick, ro.deltas,
                                                     ro.slot_ids, horizon, first_tick=ro.tick[0])
-        if cohorts is not None:
+        if cohort_reward is not None:
             return cohort_reward(ro, eng, created, created_tick)
         score = eng @ jnp.asarray(reward_weights, jnp.float32)
         if new_followers:
@@ -304,8 +329,25 @@ def make_scoring(setup: Setup):
                 ro.agent.reshape(-1), created_tick, ro.follower_delta, horizon, ro.tick[0],
                 valid=created >= 0)
         made = created >= 0
-        score = jnp.where(made, score, non_post_base(score, made))
+        score = jnp.where(made, score, non_post_base(mode, non_post, score, made))
         return score.reshape(t, b), eng.reshape(t, b, -1)
+
+    return social_reward
+
+
+def make_cohort_reward(setup: Setup):
+    """-> cohort_reward(Rollout, engagement [T * B, E], created, created_tick) -> (score
+    [T, B], engagement [T, B, E]): the social reward with cohorts, each row scored by its
+    cohort's reward weights (non-posts: its cohort's mean post score, in the "mean" and "skip"
+    modes)."""
+    cohorts, r = setup.cohorts, setup.config.reward
+    horizon = setup.social_params.reward_horizon
+    channels = setup.social_params.engagement_channels
+    mode, non_post = r.get("non_post_mode", "constant"), float(r.non_post)
+    row_weights = jnp.asarray(cohorts.reward[cohorts.row_cohort])        # [B, 6]
+    row_onehot = jax.nn.one_hot(jnp.asarray(cohorts.row_cohort), cohorts.num)  # [B, C]
+    followers_col = cohorts_lib.REWARD_KEYS.index("new_followers")
+    cohort_followers = bool(np.any(cohorts.reward[:, followers_col]))
 
     def cohort_reward(ro: Rollout, eng, created, created_tick):
         t, b = ro.created_id.shape
@@ -316,74 +358,115 @@ def make_scoring(setup: Setup):
                 ro.agent.reshape(-1), created_tick, ro.follower_delta, horizon, ro.tick[0],
                 valid=created >= 0)
         made = created >= 0
-        score = jnp.where(made, score, non_post_base(score, made, jnp.tile(row_onehot, (t, 1))))
+        score = jnp.where(made, score, non_post_base(mode, non_post, score, made,
+                                                     jnp.tile(row_onehot, (t, 1))))
         return score.reshape(t, b), eng.reshape(t, b, -1)
 
-    def score_batch(train: TrainState, ro: Rollout, bonus: Array, grammar=None):
-        if cohorts is not None:
-            return cohort_score_batch(train, ro, bonus, grammar)
-        s, eng = social_reward(ro)
-        s = s + bonus
-        s_n = rewards_lib.normalize_scores(s.reshape(-1), normalize)
-        flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
-        response_mask = flat(ro.mask)
-        if non_post_mode == "skip":  # answers that created nothing carry no gradient
-            response_mask = response_mask & (flat(ro.created_id) >= 0)[:, None]
-        batch = buffer_lib.make_trajectory(
-            flat(ro.prompt_ids), flat(ro.prompt_mask), flat(ro.tokens), response_mask,
-            scores=s_n)
-        if grammar is not None:
-            # FSM states [B, N] int32, never [B, N, V] masks: the loss rebuilds each chunk's
-            # allowed set from the grammar tables.
-            batch = batch.replace(fsm_states=grammar_lib.step_states(
-                grammar, batch.response_tokens, batch.response_mask))
-        # each device scores its share of the rows
-        batch, rollout_lp, rollout_v = rows_on_data_axes(
-            (batch, flat(ro.logprobs), None if ro.values is None else flat(ro.values)), mesh)
+    return cohort_reward
+
+
+def _flat(x: Array) -> Array:
+    """[T, B, ...] -> [T * B, ...]."""
+    return x.reshape((-1,) + x.shape[2:])
+
+
+def _trajectory(ro: Rollout, scores: Array, skip_non_posts: bool):
+    """The epoch's trajectories [T * B, ...] with their scores; skip_non_posts
+    (`reward.non_post_mode="skip"`): answers that created nothing carry no gradient."""
+    response_mask = _flat(ro.mask)
+    if skip_non_posts:
+        response_mask = response_mask & (_flat(ro.created_id) >= 0)[:, None]
+    return buffer_lib.make_trajectory(_flat(ro.prompt_ids), _flat(ro.prompt_mask),
+                                      _flat(ro.tokens), response_mask, scores=scores)
+
+
+def _with_fsm_states(batch, grammar):
+    """The grammar's FSM states [B, N] int32 along the responses, never [B, N, V] masks: the
+    loss rebuilds each chunk's allowed set from the grammar tables."""
+    if grammar is None:
+        return batch
+    return batch.replace(fsm_states=grammar_lib.step_states(
+        grammar, batch.response_tokens, batch.response_mask))
+
+
+def _scoring_pass(setup: Setup):
+    """-> score(train, batch, rollout_logprobs, rollout_values, grammar) -> (batch with its old
+    and reference log-probs and values, logprob gap): `policy.score_batch` over one batch of
+    trajectories; the gap is how far the rollout's own log-probs are from the re-scored ones
+    (~0), NaN where the rollout's were reused (`rl.old_logprobs`: nothing re-scored)."""
+    pdef, rl_config = setup.pdef, setup.rl_config
+    reuse_logprobs = setup.old_logprobs == "rollout"
+
+    def score(train: TrainState, batch, rollout_lp, rollout_v, grammar):
         lp, ref, values = policy_lib.score_batch(pdef, train.params, train.ref_params, batch,
                                                  rl_config, grammar, rollout_logprobs=rollout_lp,
                                                  rollout_values=rollout_v)
         batch = batch.replace(old_logprobs=lp, ref_logprobs=ref, values=values)
-        if reuse_logprobs:  # nothing was re-scored to compare with
-            gap = jnp.float32(jnp.nan)
-        else:  # how far the rollout's own log-probs are from the re-scored ones (~0)
-            gap = jnp.max(jnp.abs(jnp.where(batch.response_mask, lp - rollout_lp, 0.0)))
-        return batch, s, eng, gap
+        if reuse_logprobs:
+            return batch, jnp.float32(jnp.nan)
+        return batch, jnp.max(jnp.abs(jnp.where(batch.response_mask, lp - rollout_lp, 0.0)))
 
-    def cohort_score_batch(train: TrainState, ro: Rollout, bonus: Array, grammar=None):
-        """score_batch with cohorts: the trajectories [K, R, ...] of each trainable cohort,
-        scored by its own adapter and value head, scores normalised within the cohort."""
+    return score
+
+
+def make_score_rollout(setup: Setup, social_reward):
+    """-> score_rollout(train, Rollout, bonus [T, B], grammar=None) -> (Trajectory, score,
+    engagement, logprob_gap): the social reward plus the host's bonus, normalised
+    (`reward.normalize`), and the scoring pass over the epoch's trajectories, each device
+    scoring its share of the rows. With cohorts: `make_score_cohort_rollout`."""
+    if setup.cohorts is not None:
+        return make_score_cohort_rollout(setup, social_reward)
+    mesh, normalize = setup.mesh, setup.config.reward.normalize
+    skip = setup.config.reward.get("non_post_mode", "constant") == "skip"
+    score = _scoring_pass(setup)
+
+    def score_rollout(train: TrainState, ro: Rollout, bonus: Array, grammar=None):
         s, eng = social_reward(ro)
         s = s + bonus
-        flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
-        response_mask = flat(ro.mask)
-        if non_post_mode == "skip":
-            response_mask = response_mask & (flat(ro.created_id) >= 0)[:, None]
-        whole = buffer_lib.make_trajectory(flat(ro.prompt_ids), flat(ro.prompt_mask),
-                                           flat(ro.tokens), response_mask, scores=s.reshape(-1))
-        rollout_lp, rollout_v = flat(ro.logprobs), None if ro.values is None else flat(ro.values)
+        s_n = rewards_lib.normalize_scores(s.reshape(-1), normalize)
+        batch = _with_fsm_states(_trajectory(ro, s_n, skip), grammar)
+        batch, rollout_lp, rollout_v = rows_on_data_axes(
+            (batch, _flat(ro.logprobs), None if ro.values is None else _flat(ro.values)), mesh)
+        batch, gap = score(train, batch, rollout_lp, rollout_v, grammar)
+        return batch, s, eng, gap
+
+    return score_rollout
+
+
+def make_score_cohort_rollout(setup: Setup, social_reward):
+    """`make_score_rollout` with cohorts: the trajectories [K, R, ...] of each trainable
+    cohort, scored by its own adapter and value head, scores normalised within the cohort."""
+    mesh, normalize = setup.mesh, setup.config.reward.normalize
+    skip = setup.config.reward.get("non_post_mode", "constant") == "skip"
+    score = _scoring_pass(setup)
+    cohort_rows = jnp.asarray(setup.cohorts.rows(int(setup.config.rollout.ticks_per_epoch)))
+
+    def score_rollout(train: TrainState, ro: Rollout, bonus: Array, grammar=None):
+        s, eng = social_reward(ro)
+        s = s + bonus
+        whole = _trajectory(ro, s.reshape(-1), skip)
+        rollout_lp, rollout_v = _flat(ro.logprobs), None if ro.values is None else _flat(ro.values)
 
         def one(train_k: TrainState, rows: Array):
             batch = jax.tree.map(lambda x: x[rows], whole)
             batch = batch.replace(scores=rewards_lib.normalize_scores(batch.scores, normalize))
-            if grammar is not None:
-                batch = batch.replace(fsm_states=grammar_lib.step_states(
-                    grammar, batch.response_tokens, batch.response_mask))
+            batch = _with_fsm_states(batch, grammar)
             batch, lp_k, v_k = rows_on_data_axes(
                 (batch, rollout_lp[rows], None if rollout_v is None else rollout_v[rows]), mesh)
-            lp, ref, values = policy_lib.score_batch(pdef, train_k.params, train_k.ref_params,
-                                                     batch, rl_config, grammar,
-                                                     rollout_logprobs=lp_k, rollout_values=v_k)
-            gap = (jnp.float32(jnp.nan) if reuse_logprobs else
-                   jnp.max(jnp.abs(jnp.where(batch.response_mask, lp - lp_k, 0.0))))
-            return train_k, (batch.replace(old_logprobs=lp, ref_logprobs=ref, values=values),
-                             gap)
+            return train_k, score(train_k, batch, lp_k, v_k, grammar)
 
         _, (batch, gap) = cohorts_lib.map_cohorts(one, train, cohort_rows)
         return batch, s, eng, jnp.max(gap)
 
+    return score_rollout
+
+
+def make_view(setup: Setup):
+    """-> view(Rollout, score, engagement, gap) -> EpochView: the epoch reduced to what the
+    host's metrics and samples read (the first `train.text_metrics_posts` posts' text)."""
+    text_posts = int(setup.config.train.get("text_metrics_posts", 4096))
+
     def view(ro: Rollout, s: Array, eng: Array, gap: Array) -> EpochView:
-        """Reduce the epoch to what the host's metrics and samples read."""
         t, b = ro.created_id.shape
         created = ro.created_id >= 0
         is_post = created & ((ro.action_type == int(ActionType.CREATE_POST))
@@ -402,14 +485,17 @@ def make_scoring(setup: Setup):
             post_mask=keep & flat(ro.mask), post_embedding=jnp.where(keep, flat(ro.embedding), 0),
             last_tokens=ro.tokens[-1], last_mask=ro.mask[-1], logprob_gap=gap)
 
-    return social_reward, score_batch, view
+    return view
 
 
 def make_epoch(setup: Setup) -> EpochFns:
     """The epoch's pure functions from a run's set-up (`train.setup.Setup`)."""
     mesh, compiled_update = setup.mesh, setup.update
-    embed, rollout = make_rollout(setup)
-    social_reward, score_batch, view = make_scoring(setup)
+    embed = make_embed(setup)
+    rollout = make_rollout(setup, embed)
+    social_reward = make_social_reward(setup)
+    score_rollout = make_score_rollout(setup, social_reward)
+    view = make_view(setup)
 
     def update(train: TrainState, batch, grammar=None):
         if setup.cohorts is None:
@@ -434,12 +520,12 @@ def make_epoch(setup: Setup) -> EpochFns:
         soc, ro = rollout(state.train.params, state.train.ref_params, state.society, k_roll,
                           grammar=grammar, encoder=encoder)
         no_bonus = jnp.zeros(ro.created_id.shape, jnp.float32)
-        batch, s, eng, gap = score_batch(state.train, ro, no_bonus, grammar=grammar)
+        batch, s, eng, gap = score_rollout(state.train, ro, no_bonus, grammar=grammar)
         if setup.cohorts is None:  # (cohorts: each cohort's rows, inside `update`)
             batch = rows_on_data_axes(batch, mesh)  # as the host path's put_global: scored too
         train, upd = update(state.train, batch, grammar)
         return end(state, key, soc, train), upd, view(ro, s, eng, gap)
 
     return EpochFns(embed=embed, rollout=rollout, social_reward=social_reward,
-                    score_batch=score_batch, update=update, view=view, begin=begin, end=end,
-                    epoch=epoch)
+                    score_rollout=score_rollout, update=update, view=view, begin=begin,
+                    end=end, epoch=epoch)

@@ -1,6 +1,7 @@
 """The host side of an epoch: metrics, samples, the society's summary, the code bonus,
-interviews and the Hugging Face export. Functions of the set-up (`train.setup`), the run's
-text banks and the epoch's `EpochView` / state; nothing here is compiled into the epoch."""
+interviews and the names of the run's exports (`train.run.Run.export_policy` writes them).
+Functions of the set-up (`train.setup`), the run's text banks and the epoch's `EpochView` /
+state; nothing here is compiled into the epoch."""
 
 from __future__ import annotations
 
@@ -10,18 +11,15 @@ from typing import Any, Dict, List, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from jaxsocial.agents import prompting, tool_calls
 from jaxsocial.generation.generate import generate_from_state
 from jaxsocial.generation.sampling import SamplingConfig
-from jaxsocial.models import checkpoint_hf
 from jaxsocial.rl import lora as lora_lib
 from jaxsocial.rl import policy as policy_lib
 from jaxsocial.social import cascades, polarisation, society
 from jaxsocial.social.actions import ActionType
 from jaxsocial.train import code_problems, report, sharding
-from jaxsocial.train import cohorts as cohorts_lib
 from jaxsocial.train import setup as setup_lib
 from jaxsocial.train.epoch import EpochView, Rollout
 from jaxsocial.train.setup import RunState, Setup, Text
@@ -56,11 +54,29 @@ def epoch_metrics(setup: Setup, text: Text, v: EpochView, upd, wall: float, t_ro
     metrics: the blog's numbers, the action mix, parse failures, timing, the agents' topics and
     text drift, and the most- and least-liked posts. wall / t_roll: the epoch's and the
     rollout's seconds (equal for the one-program epoch)."""
+    eng = np.asarray(v.engagement)
+    m = {**_action_metrics(setup, v, eng), **_program_metrics(setup, v, upd, wall, t_roll)}
+    # Text metrics over the first K posts of the epoch, in tick order (all of them when
+    # the epoch has at most train.text_metrics_posts posts).
+    idx = np.asarray(v.post_index)
+    kept = idx >= 0
+    idx = idx[kept]
+    m.update(topic_metrics(setup, text, np.asarray(v.post_embedding)[kept]))
+    texts = _post_texts(setup, v, kept, idx)
+    m.update(_text_metrics(setup, text, v, kept, idx, eng, texts))
+    if setup.cohorts is not None:
+        m["cohorts"] = cohort_metrics(setup, text, v, upd, kept, idx, texts)
+    return m
+
+
+def _action_metrics(setup: Setup, v: EpochView, eng: np.ndarray) -> Dict[str, Any]:
+    """The blog's numbers (likes per post, zero-like and positive-engagement shares, posts),
+    the actions taken, applied, failed to parse or invalid, the reward and the likes'
+    histogram."""
     created = np.asarray(v.created)
     types = np.asarray(v.action_type)
     is_post = created & np.isin(types, [int(ActionType.CREATE_POST),
                                         int(ActionType.QUOTE_POST)])
-    eng = np.asarray(v.engagement)
     likes = eng[..., 0][is_post]
     engaged = eng[..., :POSITIVE].sum(-1)[is_post] > 0
     n_posts = int(is_post.sum())
@@ -68,7 +84,7 @@ def epoch_metrics(setup: Setup, text: Text, v: EpochView, upd, wall: float, t_ro
     mix = {names[k]: int((types == k).sum()) for k in np.unique(types)}
     sc = np.asarray(v.score)
     reason, parsed = np.asarray(v.reason), np.asarray(v.parsed)
-    m = {
+    return {
         "avg_likes_per_post": float(likes.mean()) if n_posts else 0.0,
         "zero_like_share": float((likes == 0).mean()) if n_posts else 0.0,
         "positive_engagement_share": float(engaged.mean()) if n_posts else 0.0,
@@ -90,6 +106,14 @@ def epoch_metrics(setup: Setup, text: Text, v: EpochView, upd, wall: float, t_ro
         "crowd_posts": int(v.crowd_posts),
         "likes_hist": np.bincount(likes.astype(int), minlength=1).tolist() if n_posts else [],
         **negative_engagement(eng, is_post),
+    }
+
+
+def _program_metrics(setup: Setup, v: EpochView, upd, wall: float, t_roll: float
+                     ) -> Dict[str, Any]:
+    """How the epoch's programs ran: where the old log-probs and values came from, timing
+    and throughput, and the update's metrics."""
+    return {
         # rl.old_logprobs: "rollout" = the rollout's log-probs were the old log-probs
         # (nothing re-scored); "rescore" = re-scored, logprob_gap = max |rollout - rescored|
         "old_logprobs": setup.old_logprobs,
@@ -100,23 +124,12 @@ def epoch_metrics(setup: Setup, text: Text, v: EpochView, upd, wall: float, t_ro
         # whole epoch (rollout, scoring and update)
         "fused_epoch": bool(setup.fused),
         "tokens_per_s": float(v.tokens) / max(t_roll, 1e-9),
-        "ticks_per_s": types.shape[0] / max(t_roll, 1e-9),
+        "ticks_per_s": np.asarray(v.action_type).shape[0] / max(t_roll, 1e-9),
         "rollout_s": t_roll,
         "wall_s": wall,
         # with cohorts: the trainable cohorts' mean (each cohort's own under "cohorts")
         "ppo": {k: float(np.mean(x)) for k, x in upd.items()},
     }
-    # Text metrics over the first K posts of the epoch, in tick order (all of them when
-    # the epoch has at most train.text_metrics_posts posts).
-    idx = np.asarray(v.post_index)
-    kept = idx >= 0
-    idx = idx[kept]
-    m.update(topic_metrics(setup, text, np.asarray(v.post_embedding)[kept]))
-    texts = _post_texts(setup, v, kept, idx)
-    m.update(_text_metrics(setup, text, v, kept, idx, eng, texts))
-    if setup.cohorts is not None:
-        m["cohorts"] = cohort_metrics(setup, text, v, upd, kept, idx, texts)
-    return m
 
 
 def cohort_metrics(setup: Setup, text: Text, v: EpochView, upd, kept, idx, texts
@@ -324,35 +337,3 @@ def export_names(setup: Setup) -> tuple:
     if setup.cohorts is None:
         return ("export", "initial")
     return tuple(f"export/{setup.cohorts.names[c]}" for c in setup.cohorts.trained) + ("initial",)
-
-
-def export_policy(setup: Setup, state: RunState, path: str, write: bool = True,
-                  initial: bool = False, cohort: Optional[str] = None) -> None:
-    """Write the current policy as a complete Hugging Face directory: weights, config.json,
-    generation_config.json (eos = the run's stop ids) (`checkpoint_hf.save_pretrained`) and
-    the tokenizer with its chat template, so `AutoTokenizer` / `AutoModelForCausalLM` and
-    `launch/eval.py` load it as it is. initial: the run's initial policy instead (the
-    frozen reference: the weights before any update). cohort: with cohorts, the name of the
-    trainable cohort whose adapter is merged in. Multi-process: every process must call it
-    (the weights are gathered); `write` only on one."""
-    train = state.train
-    if initial:
-        weights = train.ref_params
-    elif setup.cohorts is not None:
-        co = setup.cohorts
-        if cohort not in co.names or not co.trainable[co.names.index(cohort)]:
-            raise ValueError(f"cohort={cohort!r}: export one of the trainable cohorts "
-                             f"{[co.names[c] for c in co.trained]}")
-        adapters = cohorts_lib.cohort_params(train, co.slots[co.names.index(cohort)])["policy"]
-        weights = lora_lib.merged_weights_for_export(train.ref_params, adapters, setup.pdef.lora)
-    elif setup.pdef.lora is not None:
-        weights = lora_lib.merged_weights_for_export(train.ref_params, train.params["policy"],
-                                                     setup.pdef.lora)
-    else:
-        weights = train.params["policy"]
-    host = sharding.to_host(weights)
-    if write:
-        model = nnx.merge(setup.pdef.graphdef, host)
-        model.config = model.config.replace(eos_token_id=tuple(setup.stop_ids))
-        checkpoint_hf.save_pretrained(model, path)
-        setup.tokenizer.save_pretrained(path)

@@ -7,7 +7,8 @@
 A `Run` holds what `train.setup` built and the epoch's programs (`train.epoch.make_epoch`),
 and drives one epoch: one donated program (`Run.epoch`), or, when a reward is computed on the
 host (the code bonus), the same pieces as three programs (rollout, scoring, update) with the
-bonus in between. Metrics, samples and export are `train.host`'s.
+bonus in between. Metrics, samples and interviews are `train.host`'s; `Run.export_policy`
+writes the policy as a Hugging Face directory.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from flax import nnx
 
+from jaxsocial.models import checkpoint_hf
+from jaxsocial.rl import lora as lora_lib
 from jaxsocial.train import checks, fit, host, sharding
 from jaxsocial.train import cohorts as cohorts_lib
 from jaxsocial.train import epoch as epoch_lib
@@ -69,7 +73,7 @@ class Run:
     score: BindFrozen     # (train, Rollout, bonus) -> (Trajectory, score, engagement, gap)
     view: Any             # jitted fns.view
     epoch: Any            # (state, grammar, encoder) -> (state, update metrics, view), donated
-    traces: _Traces
+    traces: _Traces       # `traces.count`: how many times the one-program epoch was traced
     # `compile_epoch`'s executable, once asked for (then `run_epoch` runs it: one compile)
     compiled: dict = dataclasses.field(default_factory=dict)
 
@@ -80,10 +84,6 @@ class Run:
     @property
     def mesh(self):
         return self.setup.mesh
-
-    @property
-    def epoch_trace_count(self) -> int:
-        return self.traces.count
 
     def init_state(self) -> RunState:
         """Fresh run: initial policy (= reference), society reset, keys from config.seed."""
@@ -163,16 +163,38 @@ class Run:
             return state
         return self.place(state.replace(train=cohorts_lib.copy_adapters(co, state.train, moves)))
 
-    def interview(self, state: RunState, question: str, max_new_tokens: int = 48
-                  ) -> List[dict]:
-        """`host.interview`: every agent answers `question` in its own context."""
-        return host.interview(self.setup, state, question, max_new_tokens)
-
     def export_policy(self, state: RunState, path: str, write: bool = True,
                       initial: bool = False, cohort: Optional[str] = None) -> None:
-        """`host.export_policy`: the policy (or the initial one, or a cohort's) as a Hugging
-        Face directory."""
-        host.export_policy(self.setup, state, path, write=write, initial=initial, cohort=cohort)
+        """Write the current policy as a complete Hugging Face directory: weights, config.json,
+        generation_config.json (eos = the run's stop ids) (`checkpoint_hf.save_pretrained`)
+        and the tokenizer with its chat template, so `AutoTokenizer` /
+        `AutoModelForCausalLM` and `launch/eval.py` load it as it is. initial: the run's
+        initial policy instead (the frozen reference: the weights before any update). cohort:
+        with cohorts, the name of the trainable cohort whose adapter is merged in (the run's
+        exports: `host.export_names`). Multi-process: every process must call it (the weights
+        are gathered); `write` only on one."""
+        setup, train = self.setup, state.train
+        if initial:
+            weights = train.ref_params
+        elif setup.cohorts is not None:
+            co = setup.cohorts
+            if cohort not in co.names or not co.trainable[co.names.index(cohort)]:
+                raise ValueError(f"cohort={cohort!r}: export one of the trainable cohorts "
+                                 f"{[co.names[c] for c in co.trained]}")
+            adapters = cohorts_lib.cohort_params(train, co.slots[co.names.index(cohort)])
+            weights = lora_lib.merged_weights_for_export(train.ref_params, adapters["policy"],
+                                                         setup.pdef.lora)
+        elif setup.pdef.lora is not None:
+            weights = lora_lib.merged_weights_for_export(train.ref_params,
+                                                         train.params["policy"], setup.pdef.lora)
+        else:
+            weights = train.params["policy"]
+        on_host = sharding.to_host(weights)
+        if write:
+            model = nnx.merge(setup.pdef.graphdef, on_host)
+            model.config = model.config.replace(eos_token_id=tuple(setup.stop_ids))
+            checkpoint_hf.save_pretrained(model, path)
+            setup.tokenizer.save_pretrained(path)
 
 
 def programs(setup: Setup, weights: Weights, text: Text) -> Dict[str, Any]:
@@ -188,7 +210,7 @@ def programs(setup: Setup, weights: Weights, text: Text) -> Dict[str, Any]:
     return dict(
         fns=fns, encoder=encoder, traces=traces,
         rollout=BindFrozen(jax.jit(fns.rollout), grammar=setup.grammar, encoder=encoder),
-        score=BindFrozen(jax.jit(fns.score_batch), grammar=setup.grammar),
+        score=BindFrozen(jax.jit(fns.score_rollout), grammar=setup.grammar),
         view=jax.jit(fns.view),
         # state shardings pinned (as `place` gives them) and the state donated
         epoch=jax.jit(traces, donate_argnums=0, in_shardings=(sh, rep, rep),

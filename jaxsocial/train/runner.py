@@ -226,6 +226,34 @@ def _refuse_silent_restart(workdir: str) -> None:
 
 
 def _train(config, workdir, resume, progress, stop_after, run, progress_file, guard, lock):
+    lead, ckpt, resuming = _open_workdir(config, workdir, resume, lock)
+    changes = check_resume(config, workdir) if resuming else {}
+    fork = None if resuming else fork_source(config, workdir)
+    run = run if run is not None else run_lib.build_run(config, checked=True)
+    state = run.init_state()
+    if run.setup.fused:  # compiled and checked against the machine before anything is written
+        run, _, _ = fit.fit_run(run, state)  # (it logs its prediction)
+    state, history, restored_epoch = _starting_state(run, state, ckpt, workdir, fork,
+                                                     resuming, lead)
+    if lead:
+        _record_start(config, workdir, changes, resuming, restored_epoch)
+    epochs = int(config.train.epochs)
+    epoch = int(sharding.to_host(state.epoch))
+    finished = epoch >= epochs  # a rerun of a finished run: nothing to train or log
+    if finished:
+        logging.info("run already finished (epoch %d of %d) in %s: nothing to do", epoch,
+                     epochs, workdir)
+    state, epoch = _epoch_loop(config, workdir, run, state, epoch, ckpt, guard, history,
+                               lead=lead, progress=progress and not finished,
+                               progress_file=progress_file, stop_after=stop_after,
+                               log=lead and not finished)
+    return _finish(config, workdir, run, state, history, epoch, lead, guard, finished)
+
+
+def _open_workdir(config, workdir: str, resume: bool, lock: workdir_lock.WorkdirLock):
+    """(lead process, its Checkpointer, resuming): the distributed job joined, the workdir
+    locked (before anything in it is read, written or deleted) and its checkpoints read; a
+    fresh start (`resume=False`) deletes the previous run's checkpoints."""
     d = config.distributed
     sharding.maybe_initialize_distributed(
         bool(d.enabled) or None, coordinator_address=d.get("coordinator_address"),
@@ -233,7 +261,6 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
     lead = jax.process_index() == 0
     _take_lock(lock, lead)  # before anything in the workdir is read, written or deleted
     os.makedirs(workdir, exist_ok=True)
-    config_path = os.path.join(workdir, "config.json")
     ckpt = checkpointing.Checkpointer(workdir, keep=int(config.train.keep_checkpoints))
     resuming = resume and ckpt.latest_step is not None
     if resume and not resuming:
@@ -243,14 +270,13 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
         logging.warning("--noresume: deleting the previous run's checkpoints %s",
                         ckpt.all_steps())
         ckpt.delete_all()
-    changes = check_resume(config, workdir) if resuming else {}
-    fork = None if resuming else fork_source(config, workdir)
-    run = run if run is not None else run_lib.build_run(config, checked=True)
-    state = run.init_state()
-    if run.setup.fused:  # compiled and checked against the machine before anything is written
-        run, _, _ = fit.fit_run(run, state)  # (it logs its prediction)
-    history = []
-    restored_epoch = 0
+    return lead, ckpt, resuming
+
+
+def _starting_state(run, state, ckpt, workdir: str, fork, resuming: bool, lead: bool):
+    """(state, history, restored epoch) the epoch loop starts from: a fork's source
+    checkpoint, the newest checkpoint that restores and verifies, or the fresh `state`."""
+    history, restored_epoch = [], 0
     if fork is not None:
         source, restored_epoch, allowed = fork
         state, history = _start_fork(run, state, workdir, source, restored_epoch, lead)
@@ -266,33 +292,42 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
         history = [h for h in meta.get("history", []) if h.get("epoch", 0) <= step]
         restored_epoch = step
         logging.info("resumed from epoch %d", step)
-    if lead:
-        # Only now (the restore succeeded, or this is a fresh start) does config.json change.
-        if changes:
-            with open(os.path.join(workdir, "config_changes.jsonl"), "a") as f:
-                f.write(json.dumps({"resumed_epoch": restored_epoch, "time": time.time(),
-                                    "changes": {k: list(v) for k, v in changes.items()}}) + "\n")
-            logging.warning("resuming with changed %s (recorded in config_changes.jsonl)",
-                            run_config.format_differences(changes))
-        if not resuming and os.path.exists(os.path.join(workdir, "config_changes.jsonl")):
-            os.remove(os.path.join(workdir, "config_changes.jsonl"))
-        _write_text_atomic(config_path, config.to_json_best_effort(indent=2))
-        # Exactly-once logs: drop whatever was logged after the restored epoch (all of it on a
-        # fresh start), TensorBoard included.
-        log_lib.cut_logs(workdir, restored_epoch)
+    return state, history, restored_epoch
+
+
+def _record_start(config, workdir: str, changes, resuming: bool, restored_epoch: int) -> None:
+    """The lead's record of this start: config_changes.jsonl (a resume's accepted changes),
+    config.json, and the logs cut to the restored epoch. Only once the restore succeeded (or
+    on a fresh start) does config.json change."""
+    changes_path = os.path.join(workdir, "config_changes.jsonl")
+    if changes:
+        with open(changes_path, "a") as f:
+            f.write(json.dumps({"resumed_epoch": restored_epoch, "time": time.time(),
+                                "changes": {k: list(v) for k, v in changes.items()}}) + "\n")
+        logging.warning("resuming with changed %s (recorded in config_changes.jsonl)",
+                        run_config.format_differences(changes))
+    if not resuming and os.path.exists(changes_path):
+        os.remove(changes_path)
+    _write_text_atomic(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
+    # Exactly-once logs: drop whatever was logged after the restored epoch (all of it on a
+    # fresh start), TensorBoard included.
+    log_lib.cut_logs(workdir, restored_epoch)
+
+
+def _epoch_loop(config, workdir: str, run, state, epoch: int, ckpt, guard, history: list, *,
+                lead: bool, progress: bool, progress_file, stop_after: Optional[int], log: bool):
+    """Epochs until train.epochs (or a signal, or `stop_after` epochs in this call): each
+    epoch's metrics and samples logged (log: the lead, on a run not yet finished), its
+    interviews, its history entry and, every train.checkpoint_every epochs and at the end, a
+    checkpoint. `epoch`: the epochs `state` has done. Returns (state, the last epoch done)."""
     epochs = int(config.train.epochs)
-    epoch = int(sharding.to_host(state.epoch))
-    finished = epoch >= epochs  # a rerun of a finished run: nothing to train or log
-    if finished:
-        logging.info("run already finished (epoch %d of %d) in %s: nothing to do", epoch,
-                        epochs, workdir)
     every = max(1, int(config.train.checkpoint_every))
     done_here = 0
     bar = None
-    if progress and not finished:
+    if progress:
         bar = tqdm(total=epochs, initial=min(epoch, epochs), desc="social-rl", unit="epoch",
                    disable=not lead, file=progress_file, dynamic_ncols=True)
-    writer = log_lib.MetricWriter(workdir) if lead and not finished else None
+    writer = log_lib.MetricWriter(workdir) if log else None
     guard.immediate = False
     if guard.requested:  # arrived between handler swaps
         raise checkpointing.Preempted()
@@ -304,17 +339,8 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
             if writer is not None:
                 writer.write(epoch, metrics)
                 writer.write_samples(samples)
-            for e, question in config.agents.get("interviews", ()) or ():
-                if int(e) == epoch:
-                    answers = run.interview(state, question)
-                    if lead:
-                        _append_jsonl(os.path.join(workdir, "interviews.jsonl"), answers)
-            history.append({k: record[k] for k in SUMMARY_KEYS} | {"epoch": epoch}
-                           | {k: record[k] for k in ("drift", "posts", "worst_post")
-                              if k in record}
-                           | ({"cohorts": {name: {k: c[k] for k in COHORT_SUMMARY_KEYS if k in c}
-                                           for name, c in record["cohorts"].items()}}
-                              if "cohorts" in record else {}))
+            _interviews(config, workdir, run, state, epoch, lead)
+            history.append(_history_entry(record, epoch))
             done_here += 1
             if bar is not None:
                 bar.update(1)
@@ -323,11 +349,7 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
             last = epoch == epochs
             stop = guard.requested or (stop_after is not None and done_here >= stop_after)
             if epoch % every == 0 or last or stop:
-                ckpt.save(epoch, state, {"history": history, "epoch": epoch})
-                if guard.requested and not stop:  # the signal arrived during the save
-                    logging.warning("%s arrived while checkpoint %d was being saved: it is "
-                                    "complete; stopping", guard.signal_name, epoch)
-                    stop = True
+                stop = _save(ckpt, guard, state, history, epoch, stop)
             if stop and not last:
                 logging.warning("stopping after epoch %d (%s)", epoch,
                                 guard.signal_name if guard.requested else "stop_after")
@@ -338,6 +360,44 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
         if writer is not None:
             writer.close()
         ckpt.close()
+    return state, epoch
+
+
+def _interviews(config, workdir: str, run, state, epoch: int, lead: bool) -> None:
+    """agents.interviews: after their epoch, every agent's answer to each question
+    (`host.interview`) appended to interviews.jsonl."""
+    for e, question in config.agents.get("interviews", ()) or ():
+        if int(e) == epoch:
+            answers = host.interview(run.setup, state, question)
+            if lead:
+                _append_jsonl(os.path.join(workdir, "interviews.jsonl"), answers)
+
+
+def _history_entry(record: Dict[str, Any], epoch: int) -> Dict[str, Any]:
+    """The epoch's entry in the run's history (checkpoint metadata, summary.json)."""
+    return ({k: record[k] for k in SUMMARY_KEYS} | {"epoch": epoch}
+            | {k: record[k] for k in ("drift", "posts", "worst_post") if k in record}
+            | ({"cohorts": {name: {k: c[k] for k in COHORT_SUMMARY_KEYS if k in c}
+                            for name, c in record["cohorts"].items()}}
+               if "cohorts" in record else {}))
+
+
+def _save(ckpt, guard, state, history: list, epoch: int, stop: bool) -> bool:
+    """Checkpoint `epoch`; returns whether to stop after it (`stop`, or a signal that arrived
+    during the save)."""
+    ckpt.save(epoch, state, {"history": history, "epoch": epoch})
+    if guard.requested and not stop:  # the signal arrived during the save
+        logging.warning("%s arrived while checkpoint %d was being saved: it is "
+                        "complete; stopping", guard.signal_name, epoch)
+        return True
+    return stop
+
+
+def _finish(config, workdir: str, run, state, history: list, epoch: int, lead: bool, guard,
+            finished: bool) -> Dict[str, Any]:
+    """The run's summary (summary.json and summary.md, written by the lead), after the
+    exports of a run that reached train.epochs (`_export_all`)."""
+    epochs = int(config.train.epochs)
     summary = {"epochs": epoch, "history": history,
                "first": history[0] if history else None, "last": history[-1] if history else None}
     if guard.requested:

@@ -181,24 +181,20 @@ def build_setup(config: ml_collections.ConfigDict, mesh=None, *, checked: bool =
     # tool_call: the tools, their arguments and one example call (or agents.tool_instruction)
     instruction, footer = run_config.prompt_text(c, lambda: tool_calls.tool_instruction(
         c.agents.actions, sp.feed_size))
-    tool_call = c.agents.action_mode == "tool_call"
     vocab = actions.ActionVocab.build(tokenizer, c.agents.actions, sp.feed_size, stop_ids,
                                       sp.feed_comments)
     n_new = int(c.rollout.max_new_tokens)
     grammar = _grammar(c, tokenizer, model_config, sp, vocab, n_new)
     template = prompt_template(c, tokenizer, sp, personas, instruction, footer)
-    sampling = SamplingConfig(
-        max_new_tokens=n_new, temperature=run_config.temperature(c), top_k=int(c.rollout.top_k),
-        top_p=float(c.rollout.top_p), stop_token_ids=stop_ids, prompt_bucket=template.max_len,
-        decode_buckets=int(c.rollout.get("decode_buckets", 1)))
     # with cohorts each trainable cohort's update sees its own rows: a tick is its acting agents
-    rl_config = _rl_config(c, active if cohorts is None else cohorts.active[cohorts.trained[0]],
-                           stop_ids, template.max_len + n_new, tuple(mesh.shape.values()))
+    group_rows = active if cohorts is None else cohorts.active[cohorts.trained[0]]
+    rl_config = run_config.algo_config(c, group_rows, template.max_len + n_new,
+                                       tuple(mesh.shape.values()), stop_ids=stop_ids)
+    _check_group(c, group_rows, rl_config)
     pdef = _policy_def(c, model_config)
-    old_logprobs = policy_lib.old_logprobs_source(pdef, rl_config, True)
-    make = grpo_lib.make_update if c.rl.algo == "grpo" else ppo_lib.make_update
+    update = _update_fields(c, rl_config, pdef, grammar)  # rl_config, update, old_* sources
     code = bool(c.code.enabled)
-    setup = Setup(
+    return Setup(
         config=c, mesh=mesh, model_config=model_config, tokenizer=tokenizer,
         stop_ids=tuple(stop_ids), num_agents=a, active=active,
         # [A, 24] activity weights over the society's clock (None: a uniform subset).
@@ -206,19 +202,14 @@ def build_setup(config: ml_collections.ConfigDict, mesh=None, *, checked: bool =
                                           active_per_tick=active,
                                           hours=activation.hours_of_run(c)),
         social_params=sp, personas=personas, template=template, vocab=vocab,
-        tools=(tool_calls.ToolVocab.build(tokenizer, c.agents.actions, sp.feed_size,
-                                          model_config.vocab_size, sp.feed_comments)
-               if tool_call else None),
-        grammar=grammar, sampling=sampling, rl_config=rl_config, pdef=pdef,
+        tools=_tools(c, tokenizer, sp, model_config), grammar=grammar,
+        sampling=_sampling(c, stop_ids, template.max_len), pdef=pdef,
         weight_shardings=weight_shardings(model_config, mesh),
-        update=make(rl_config, pdef, grammar=grammar), old_logprobs=old_logprobs,
-        old_values=policy_lib.old_values_source(pdef, rl_config, old_logprobs),
-        encoder=_encoder_def(c, tokenizer, model_config, sp),
+        **update, encoder=_encoder_def(c, tokenizer, model_config, sp),
         text_tokens=_text_tokens(c, tokenizer, sp, personas, code),
         code=code,
         # One compiled program per epoch unless a reward is computed on the host (code bonus).
         fused=bool(c.train.get("fused_epoch", True)) and not code, cohorts=cohorts)
-    return setup
 
 
 def with_micro_batch(setup: Setup, micro: int) -> Setup:
@@ -226,12 +217,34 @@ def with_micro_batch(setup: Setup, micro: int) -> Setup:
     update and old log-prob / value sources rebuilt (`fit.fit_run` halving an automatic
     micro-batch that does not fit)."""
     rl_config = setup.rl_config.replace(micro_batch=int(micro))
-    make = grpo_lib.make_update if setup.config.rl.algo == "grpo" else ppo_lib.make_update
-    old_logprobs = policy_lib.old_logprobs_source(setup.pdef, rl_config, True)
     return dataclasses.replace(
-        setup, rl_config=rl_config, update=make(rl_config, setup.pdef, grammar=setup.grammar),
-        old_logprobs=old_logprobs,
-        old_values=policy_lib.old_values_source(setup.pdef, rl_config, old_logprobs))
+        setup, **_update_fields(setup.config, rl_config, setup.pdef, setup.grammar))
+
+
+def _update_fields(c, rl_config, pdef, grammar) -> dict:
+    """`Setup`'s RL config, its compiled PPO / GRPO update and where the update's old
+    log-probs and values come from (`policy.old_logprobs_source` / `old_values_source`)."""
+    make = grpo_lib.make_update if c.rl.algo == "grpo" else ppo_lib.make_update
+    old_logprobs = policy_lib.old_logprobs_source(pdef, rl_config, True)
+    return dict(rl_config=rl_config, update=make(rl_config, pdef, grammar=grammar),
+                old_logprobs=old_logprobs,
+                old_values=policy_lib.old_values_source(pdef, rl_config, old_logprobs))
+
+
+def _sampling(c, stop_ids, prompt_len: int) -> SamplingConfig:
+    """The rollout's sampling (`rollout.*`; prompts bucketed to the template's length)."""
+    return SamplingConfig(
+        max_new_tokens=int(c.rollout.max_new_tokens), temperature=run_config.temperature(c),
+        top_k=int(c.rollout.top_k), top_p=float(c.rollout.top_p), stop_token_ids=stop_ids,
+        prompt_bucket=prompt_len, decode_buckets=int(c.rollout.get("decode_buckets", 1)))
+
+
+def _tools(c, tokenizer, sp, model_config) -> Optional[tool_calls.ToolVocab]:
+    """The tool-call vocabulary (agents.action_mode="tool_call"; None otherwise)."""
+    if c.agents.action_mode != "tool_call":
+        return None
+    return tool_calls.ToolVocab.build(tokenizer, c.agents.actions, sp.feed_size,
+                                      model_config.vocab_size, sp.feed_comments)
 
 
 def prompt_template(c, tokenizer, sp: SocialParams, personas, instruction: str,
@@ -273,16 +286,11 @@ def _grammar(c, tokenizer, model_config, sp, vocab, n_new: int):
     return vocab.grammar(model_config.vocab_size, max_text, specials)
 
 
-def _rl_config(c, active: int, stop_ids, seq_len: int, mesh_shape):
-    """PPOConfig / GRPOConfig of the run (`run_config.rl_config`, its micro-batch resolved for
-    rows of `seq_len` tokens on `mesh_shape`) with the tokenizer's stop ids; a GRPO group must
-    split the agents acting in one tick evenly."""
-    cfg = run_config.rl_config(c, active, seq_len, mesh_shape).replace(
-        stop_token_ids=tuple(stop_ids))
-    if c.rl.algo == "grpo" and active % cfg.group_size:
-        raise ValueError(f"rl.group_size={cfg.group_size} must divide the agents acting per "
-                         f"tick ({active}): a group never spans two ticks")
-    return cfg
+def _check_group(c, active: int, rl_config) -> None:
+    """A GRPO group must split the agents acting in one tick evenly (`rl.group_size`)."""
+    if c.rl.algo == "grpo" and active % rl_config.group_size:
+        raise ValueError(f"rl.group_size={rl_config.group_size} must divide the agents acting "
+                         f"per tick ({active}): a group never spans two ticks")
 
 
 def _lora(c):
@@ -500,7 +508,7 @@ def config_state(config: ml_collections.ConfigDict) -> RunState:
     sp = society.make_params(**run_config.society_fields(c), num_agents=a)
     cohorts = cohorts_lib.from_config(c)
     active = int(c.agents.get("active_per_tick", 0)) or a
-    rl_config = run_config.rl_config(
+    rl_config = run_config.algo_config(
         c, active if cohorts is None else cohorts.active[cohorts.trained[0]])
     pdef, params, ref = _policy_shapes(c, model_config)
     return jax.eval_shape(
