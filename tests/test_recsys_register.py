@@ -218,3 +218,22 @@ def test_no_users_by_posts_intermediate(example):
     assert_no_users_by_posts(society.make_params(
         num_users=37, post_capacity=101, num_seed_posts=101, pool_size=16, in_network=3,
         crowd_budget=64, recsys="newest_liked"))
+
+
+
+def test_a_training_run_refuses_non_finite_scores_before_it_compiles(example, tmp_path):
+    """runner.train checks a registered recommender on the run's own society before the epoch
+    is compiled and before config.json or a log is written (launch/train.py then removes the
+    workdir it made, as for every refusal at start); the example's finite function passes."""
+    from conftest import load_config_file
+    from jaxsocial.train import run as run_lib
+    from jaxsocial.train import runner
+    recsys.register("log_likes", log_likes)
+    c = load_config_file("configs/demo.py", "smoke")
+    c.society.recsys = "log_likes"
+    with pytest.raises(ValueError, match=r"recsys 'log_likes': .* non-finite scores"):
+        runner.train(c, str(tmp_path / "run"))
+    assert not [n for n in ("config.json", "metrics.jsonl") if (tmp_path / "run" / n).exists()]
+    c.society.recsys = "newest_liked"  # control: the example's finite scores pass
+    run = run_lib.build_run(c)
+    recsys.check(run.init_state().society, run.setup.social_params)

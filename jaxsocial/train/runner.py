@@ -19,6 +19,7 @@ from absl import logging
 from tqdm import tqdm
 
 from jaxsocial.models import checkpoint_hf
+from jaxsocial.social import recsys
 from jaxsocial.train import checkpointing, checks, fit, host, report, sharding, workdir_lock
 from jaxsocial.train import config as run_config
 from jaxsocial.train import run as run_lib
@@ -231,6 +232,7 @@ def _train(config, workdir, resume, progress, stop_after, run, progress_file, gu
     fork = None if resuming else fork_source(config, workdir)
     run = run if run is not None else run_lib.build_run(config, checked=True)
     state = run.init_state()
+    recsys.check(state.society, run.setup.social_params)  # a registered recommender's scores
     if run.setup.fused:  # compiled and checked against the machine before anything is written
         run, _, _ = fit.fit_run(run, state)  # (it logs its prediction)
     state, history, restored_epoch = _starting_state(run, state, ckpt, workdir, fork,
@@ -386,6 +388,7 @@ def _save(ckpt, guard, state, history: list, epoch: int, stop: bool) -> bool:
     """Checkpoint `epoch`; returns whether to stop after it (`stop`, or a signal that arrived
     during the save)."""
     ckpt.save(epoch, state, {"history": history, "epoch": epoch})
+    fit.release_freed_memory()  # the save's host copies: glibc keeps them, run after run
     if guard.requested and not stop:  # the signal arrived during the save
         logging.warning("%s arrived while checkpoint %d was being saved: it is "
                         "complete; stopping", guard.signal_name, epoch)
@@ -457,6 +460,7 @@ def _export_atomic(run, state, path: str, lead: bool, initial: bool,
             shutil.rmtree(p, ignore_errors=True)
         os.makedirs(os.path.dirname(partial), exist_ok=True)
     cohort_kw = {} if cohort is None else {"cohort": cohort}  # (cohorts: export/<cohort>/)
+    fit.release_freed_memory()  # the export's merged weights come on top of the epochs' heap
     run.export_policy(state, partial, write=lead, initial=initial, **cohort_kw)
     if not lead:
         return
