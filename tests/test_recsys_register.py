@@ -226,6 +226,7 @@ def test_a_training_run_refuses_non_finite_scores_before_it_compiles(example, tm
     is compiled and before config.json or a log is written (launch/train.py then removes the
     workdir it made, as for every refusal at start); the example's finite function passes."""
     from conftest import load_config_file
+
     from jaxsocial.train import run as run_lib
     from jaxsocial.train import runner
     recsys.register("log_likes", log_likes)
