@@ -104,9 +104,12 @@ def _leaf_checksum(x: jax.Array) -> jax.Array:
 def tree_checksums(tree: Any) -> Dict[str, List[int]]:
     """{leaf path: [sum, weighted sum]} over every array leaf of `tree` (shape and dtype too).
 
-    One leaf at a time (one small program per leaf shape), so the temporaries are a chunk's."""
+    One leaf at a time (one small program per leaf shape, each waited for), so the temporaries
+    are a chunk's."""
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    sums = jax.device_get([_leaf_checksum(leaf) for _, leaf in flat])
+    # Each leaf's sums fetched before the next leaf's program starts: on the CPU's fake
+    # devices, several sharded programs in flight at once can deadlock in their all-reduce.
+    sums = [jax.device_get(_leaf_checksum(leaf)) for _, leaf in flat]
     out = {}
     for (path, leaf), c in zip(flat, sums):
         out[jax.tree_util.keystr(path)] = (np.asarray(c).astype(np.int64).tolist()
