@@ -25,6 +25,7 @@ from flax import struct
 from jaxsocial.social.state import (
     EMPTY,
     RECSYS_NAMES,
+    REGISTERED_RECSYS,
     PostKind,
     SocialParams,
     SocialState,
@@ -278,7 +279,7 @@ def _in_network(key, state: SocialState, u, params: SocialParams):
 # ---------------------------------------------------------------------------------------------
 # Your own recommender: a registered scoring function ranks twitter's candidates
 
-_REGISTERED: dict[str, Callable] = {}  # name -> fn(user [B], candidates [B, C], state)
+_REGISTERED: dict[str, Callable] = REGISTERED_RECSYS  # name -> fn(user, candidates, state)
 
 
 def register(name: str, fn: Callable) -> None:

@@ -43,11 +43,15 @@ class ReactionKind(enum.IntEnum):
 RECSYS_NAMES = ("random", "reddit", "twitter", "twhin")  # the built-ins
 
 
+# name -> fn(user [B], candidates [B, C], state) -> scores [B, C]: the recommenders users
+# registered (`jaxsocial.social.recsys.register` fills it; here so that params can check names).
+REGISTERED_RECSYS: dict = {}
+
+
 def recsys_names() -> tuple[str, ...]:
     """The recommenders `SocialParams.recsys` accepts: the built-ins, then the registered ones
     (`jaxsocial.social.recsys.register`)."""
-    from jaxsocial.social import recsys  # the registry lives there (it imports this module)
-    return RECSYS_NAMES + recsys.registered()
+    return RECSYS_NAMES + tuple(REGISTERED_RECSYS)
 
 
 def _static(default):
