@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, load_config_file
+from conftest import ONE_DEVICE_ENV, ROOT, load_config_file
 
 from jaxsocial.scale import preflight, targets
 from jaxsocial.train import checks
@@ -91,8 +91,7 @@ def test_the_launcher_runs_the_preflight_first(tmp_path):
     base = [sys.executable, os.path.join(ROOT, "launch", "train.py"),
             "--config=" + os.path.join(ROOT, "configs", "demo.py") + ":smoke",
             "--config.train.epochs=1", "--noprogress", "--config.mesh.shape=(1,1,1)"]
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_backend_optimization_level=0")
+    env = ONE_DEVICE_ENV
     out = subprocess.run(base + ["--config.train.preflight=tpu:v9:1x1",
                                  f"--workdir={tmp_path / 'bad'}"],
                          env=env, capture_output=True, text=True, timeout=600)
