@@ -8,7 +8,10 @@ from jaxsocial.train import run as run_lib
 from jaxsocial.train import sharding
 
 TIMING = ("tokens_per_s", "ticks_per_s", "rollout_s", "wall_s", "fused_epoch")
-TOL = dict(rtol=1e-5, atol=1e-6)
+# The fused and the three-program epochs are different XLA programs whose fusions round
+# differently; Adam turns that into up to ~3e-6 of a leaf's scale where a gradient is near zero
+# (embedding rows of unused tokens). The negative controls move one element by 3e-3 of the scale.
+TOL = dict(rtol=1e-5, atol=1e-5)
 
 
 def _run(fused, seed=0):
