@@ -278,8 +278,7 @@ def _in_network(key, state: SocialState, u, params: SocialParams):
 
 # ---------------------------------------------------------------------------------------------
 # Your own recommender: a registered scoring function ranks twitter's candidates
-
-_REGISTERED: dict[str, Callable] = REGISTERED_RECSYS  # name -> fn(user, candidates, state)
+# (the registry is `state.REGISTERED_RECSYS`, where SocialParams checks names against it)
 
 
 def register(name: str, fn: Callable) -> None:
@@ -312,14 +311,14 @@ def register(name: str, fn: Callable) -> None:
     if not callable(fn):
         raise ValueError(f"recsys.register: {name!r} needs a callable "
                          f"fn(user, candidates, state), got {fn!r}")
-    if _REGISTERED.get(name, fn) is not fn:
+    if REGISTERED_RECSYS.get(name, fn) is not fn:
         jax.clear_caches()
-    _REGISTERED[name] = fn
+    REGISTERED_RECSYS[name] = fn
 
 
 def registered() -> tuple[str, ...]:
     """The registered recommenders' names, in registration order."""
-    return tuple(_REGISTERED)
+    return tuple(REGISTERED_RECSYS)
 
 
 def _describe(fn) -> str:
@@ -342,7 +341,7 @@ def _registered_candidates(k_pool, k_in, state: SocialState, u, params: SocialPa
 def _call_registered(name: str, u, ids, state: SocialState):
     """The registered `fn(u, ids, state)` as float32 `[B, C]`; ValueError naming the
     function where its result has another shape or is not real (at trace time)."""
-    fn = _REGISTERED[name]
+    fn = REGISTERED_RECSYS[name]
     score = fn(u, ids, state)
     shape, dtype = getattr(score, "shape", None), getattr(score, "dtype", None)
     if shape is None or tuple(shape) != ids.shape or not (
@@ -389,7 +388,7 @@ def check(state: SocialState, params: SocialParams, users=None, key=None) -> Non
     Evaluates it eagerly on the candidates of `users` (default: 64 users spread over the ids)
     -- a sample of the real state, once where a society is built, not in the tick.  Built-in
     recommenders: nothing to check."""
-    if params.recsys not in _REGISTERED:
+    if params.recsys not in REGISTERED_RECSYS:
         return
     n = params.num_users
     if users is None:
@@ -401,7 +400,7 @@ def check(state: SocialState, params: SocialParams, users=None, key=None) -> Non
     if bad.any():
         b, c = np.argwhere(bad)[0]
         raise ValueError(
-            f"recsys {params.recsys!r}: {_describe(_REGISTERED[params.recsys])} returned "
+            f"recsys {params.recsys!r}: {_describe(REGISTERED_RECSYS[params.recsys])} returned "
             f"{int(bad.sum())} non-finite scores of {int((ids >= 0).sum())} on the candidates "
             f"of {users.shape[0]} sampled users (first: {score[b, c]} for user "
             f"{int(users[b])}, post {int(ids[b, c])}); scores must be finite")
@@ -452,7 +451,7 @@ def _recommend(key: jax.Array, state: SocialState, users: jax.Array, params: Soc
                     score=jnp.where(valid, score, _NEG))
     if params.recsys == "twhin":
         score, ids = _twhin_top(k_cand, state, u, seen, params)
-    elif params.recsys in _REGISTERED:
+    elif params.recsys in REGISTERED_RECSYS:
         ids, score = _registered_scores(k_cand, k_in, state, u, seen, params)
     elif params.recsys == "random":
         kk = k + params.overfetch
