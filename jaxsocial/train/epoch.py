@@ -7,7 +7,8 @@
 `make_epoch` reads the set-up once (templates, action vocabularies, sampling, the update, the
 society's knobs, the society encoder's definition) and returns closures that hold those values
 and nothing mutable. `grammar` is `setup.grammar`; `encoder` the society encoder's frozen input
-(`encoder_input`: the sentence encoder's weights, or the reference encoder's centre). Each
+(`encoder_input`: the sentence encoder's weights, or the reference encoder's centre and
+projection). Each
 function has its own builder here (`make_embed`, `make_rollout` over `make_agent_tick`,
 `make_social_reward`, `make_score_rollout`, `make_view`):
 
@@ -130,9 +131,12 @@ class EpochFns(NamedTuple):
 
 def encoder_input(setup: Setup, weights, text):
     """The society encoder's frozen input to the rollout and the epoch (`encoder=`): the
-    sentence encoder's weights (`society.encoder="minilm"`) or the reference encoder's centre
-    [H] (`text.center`). Passed as an argument, never closed over, so no program bakes it in."""
-    return weights.encoder if setup.encoder.kind == "minilm" else text.center
+    sentence encoder's weights (`society.encoder="minilm"`) or the reference encoder's
+    (centre [H] (`text.center`), projection [H, d]). Passed as an argument, never closed over,
+    so no program bakes it in: runs that differ only in `seed` share their compiled programs."""
+    if setup.encoder.kind == "minilm":
+        return weights.encoder
+    return (text.center, jnp.asarray(setup.encoder.projection))
 
 
 def rows_on_data_axes(tree, mesh):
@@ -146,10 +150,11 @@ def rows_on_data_axes(tree, mesh):
 def make_embed(setup: Setup):
     """-> embed(ref_params, encoder, content [B, L] policy tokens) -> unit embeddings [B, d]:
     the society's frozen encoder. encoder: `encoder_input` (the sentence encoder's weights, or
-    the reference encoder's centre [H], subtracted from the reference policy's pooled states)."""
+    the reference encoder's (centre [H], subtracted from the reference policy's pooled states;
+    projection [H, d]))."""
     encoder_kind = setup.encoder.kind  # society.encoder (train.society_encoder)
     encoder_graphdef, retokenizer = setup.encoder.graphdef, setup.encoder.retokenizer
-    projection, pdef = setup.encoder.projection, setup.pdef
+    pdef = setup.pdef
 
     def embed(ref_params, encoder, content: Array) -> Array:
         if encoder is None:
@@ -157,8 +162,9 @@ def make_embed(setup: Setup):
                              f"(encoder=epoch.encoder_input(...)) to the rollout / epoch")
         if encoder_kind == "minilm":
             return society_encoder.minilm_embed(encoder_graphdef, retokenizer, encoder, content)
+        center, projection = encoder
         return society_encoder.project(
-            society_encoder.pooled_states(pdef.graphdef, ref_params, content), encoder,
+            society_encoder.pooled_states(pdef.graphdef, ref_params, content), center,
             projection)
 
     return embed
