@@ -295,36 +295,69 @@ def test_sigint_saves_a_checkpoint_and_exits_zero(tmp_path):
     assert f"stopped by SIGINT after epoch {n_epochs} of 1000: checkpointed" in out.decode()
 
 
-def test_two_processes_agree_with_one(smoke, smoke_full, tmp_path):
-    """jax.distributed over localhost: 2 processes x 4 fake CPU devices, (2, 2, 2) mesh."""
+HEARTBEAT_S = 10
+
+
+def test_two_processes_agree_with_one_and_a_lost_one_is_one_line(smoke, smoke_full, tmp_path):
+    """jax.distributed over localhost: 2 processes x 4 fake CPU devices, (2, 2, 2) mesh, 2 epochs.
+    Epoch 1 (metrics and checkpoint) equals the one-process run's. Then process 1 is killed
+    during epoch 2: process 0 exits 1 within the heartbeat timeout with one `error:` line naming
+    it and checkpoint 1 (jaxsocial.train.peers; its unit tests: tests/test_runs_lost_host.py).
+    One launch serves both: each multi-process launch compiles its epoch in every process, and
+    JAX's persistent cache does not serve multi-process programs."""
+    from jaxsocial.train import peers
     _, run = smoke
     _, full_dir, recs = smoke_full
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = []
+    workdir = tmp_path / "mh"
     env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu",
                XLA_FLAGS=TEST_XLA_FLAGS + " --xla_force_host_platform_device_count=4")
+    procs = [subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "launch", "train.py"),
+         "--config=" + os.path.join(ROOT, "configs", "demo.py") + ":smoke",
+         "--config.train.epochs=2", "--config.train.checkpoint_every=1",
+         "--config.train.export_hf=False",
+         "--config.mesh.shape=(2,2,2)", "--config.distributed.enabled=True",
+         f"--config.distributed.coordinator_address=127.0.0.1:{port}",
+         "--config.distributed.num_processes=2", f"--config.distributed.process_id={i}",
+         f"--workdir={workdir}", "--noprogress", f"--heartbeat_timeout={HEARTBEAT_S}"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)]
     try:
-        for i in range(2):
-            procs.append(subprocess.Popen(
-                [sys.executable, os.path.join(ROOT, "launch", "train.py"),
-                 "--config=" + os.path.join(ROOT, "configs", "demo.py") + ":smoke",
-                 "--config.train.epochs=1", "--config.train.export_hf=False",
-                 "--config.mesh.shape=(2,2,2)", "--config.distributed.enabled=True",
-                 f"--config.distributed.coordinator_address=127.0.0.1:{port}",
-                 "--config.distributed.num_processes=2", f"--config.distributed.process_id={i}",
-                 f"--workdir={tmp_path / 'mh'}", "--noprogress"],
-                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-        outs = [p.communicate(timeout=600)[0].decode() for p in procs]
+        ckpt = workdir / "checkpoints" / "1"
+        deadline = time.time() + 500
+        while not ckpt.is_dir():
+            assert time.time() < deadline, "no checkpoint 1"
+            for p in procs:
+                assert p.poll() is None, p.communicate()[1][-3000:]
+            time.sleep(0.2)
+        procs[1].send_signal(signal.SIGKILL)
+        killed = time.time()
+        procs[0].wait(timeout=HEARTBEAT_S + 60)
+        took = time.time() - killed
+        out, err = procs[0].communicate(timeout=60)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-3000:]
-    got = _records(tmp_path / "mh" / "metrics.jsonl")
+            p.communicate()
+    log = (workdir / "train.log").read_text()
+    # The lost process: one line, within the heartbeat timeout, naming checkpoint 1.
+    assert procs[0].returncode == 1, (err[-3000:], log[-3000:])
+    assert took < HEARTBEAT_S + 20, took  # the service's verdict comes within the timeout
+    assert peers.checkpoint_steps(str(workdir)) == [1]  # killed during epoch 2
+    assert [ln for ln in err.splitlines() if ln.startswith("error:")] == [
+        f"error: lost process 1 of 2: no heartbeat reached the coordination service for "
+        f"{HEARTBEAT_S} s (killed, crashed, failed or its host went down; its log: "
+        f"{workdir}/train.1.log); process 0 stops too; resume from checkpoint 1 by rerunning "
+        f"the same commands on every process (full log: {workdir}/train.log)"], err[-3000:]
+    assert "Terminating process" not in err and "Fatal Python error" not in err
+    assert "Terminating process because the JAX distributed service" in log  # the reason, kept
+    # Epoch 1 of the two processes equals the one-process run's.
+    got = _records(workdir / "metrics.jsonl")
     assert len(got) == 1
     for k in ("avg_likes_per_post", "total_posts", "parse_failures", "action_mix"):
         assert got[0][k] == recs[0][k], k
@@ -333,10 +366,9 @@ def test_two_processes_agree_with_one(smoke, smoke_full, tmp_path):
                                atol=1e-6)
     np.testing.assert_allclose(got[0]["ppo"]["grad_norm"], recs[0]["ppo"]["grad_norm"],
                                rtol=1e-4)
-    assert "1" in os.listdir(tmp_path / "mh" / "checkpoints")
     # The state the two processes saved: a real update, equal to the one-process run's.
     init = trained_parts(run.init_state().train)
-    mh = trained_parts(_restore(run, tmp_path / "mh", 1).train)
+    mh = trained_parts(_restore(run, workdir, 1).train)
     one = trained_parts(_restore(run, full_dir, 1).train)
     assert_trained(init, mh, got[0]["ppo"]["grad_norm"])
     assert mismatches(one, mh, **DEVICE_TOL) == []
