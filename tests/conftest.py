@@ -47,12 +47,17 @@ def pytest_sessionfinish(session, exitstatus):
 # The longest files (minutes on 2 cores), longest first. pytest-xdist's loadfile hands whole
 # files to the workers in collection order (pytest.ini: --no-loadscope-reorder), so these start
 # first and the many short files fill in at the end, rather than one long file running alone
-# while the other worker idles.
+# while the other worker idles. test_readme.py leads: its newcomer runs `configs/demo.py:smoke`
+# in a one-device process first, so the later one-device launches of the same programs
+# (test_train_loop's SIGINT run, test_preflight's launcher run, test_study's trained arm) load
+# them from the run's compile cache instead of compiling them at the same time.
 LONGEST_FIRST = (
-    "test_train_loop.py", "test_runs_resume.py", "test_families.py", "test_readme.py",
-    "test_study.py", "test_recsys_reddit.py", "test_fused_epoch.py", "test_smol.py",
-    "test_loop_variants.py", "test_society_encoder.py", "test_skill_evolution.py",
-    "test_text_grounding.py", "test_aot_memory.py", "test_rl_reuse.py", "test_tool_call.py",
+    "test_readme.py", "test_train_loop.py", "test_cohorts.py", "test_runs_resume.py",
+    "test_families.py", "test_preflight.py", "test_fork.py", "test_fused_epoch.py",
+    "test_loop_variants.py", "test_fit.py", "test_study.py", "test_interviews.py", "test_smol.py",
+    "test_compile_cache.py", "test_recsys_reddit.py", "test_gguf.py", "test_aot_memory.py",
+    "test_micro_batch.py", "test_text_grounding.py", "test_runs_errors.py", "test_throughput.py",
+    "test_tool_call.py",
 )
 
 
