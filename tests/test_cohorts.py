@@ -271,7 +271,8 @@ def test_each_cohort_updates_on_its_own_trajectories_only(two):
     one = cohorts_lib.cohort_params(state.train, 0)
     alone = state.train.replace(**{f: jax.tree.map(lambda x: x[0], getattr(state.train, f))
                                    for f in ("params", "opt_state", "kl", "reward_stats",
-                                             "step", "key", "nonfinite_skips")})
+                                             "step", "key", "nonfinite_skips",
+                                             "learning_rate")})
     assert jax.tree.structure(alone.params) == jax.tree.structure(one)
     ref, _ = jax.jit(run.setup.update.fn)(alone, jax.tree.map(lambda x: x[0], batch), grammar)
     assert mismatches(trained_parts(ref), trained_parts(k0.replace(ref_params=ref.ref_params)),

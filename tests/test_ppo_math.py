@@ -258,12 +258,15 @@ def test_config_validation_names_bad_value():
 
 def test_schedules():
     cfg = ppo.PPOConfig(learning_rate=1e-3, warmup_steps=10)
-    _, sched = optim.make_optimizer(cfg)
+    sched = optim.make_schedule(cfg)
     assert float(sched(0)) == 0.0
     assert float(sched(5)) == pytest.approx(5e-4)
     assert float(sched(100)) == pytest.approx(1e-3)
+    _, shape = optim.make_optimizer(cfg)  # the optimizer's: the same shape at peak 1
+    assert [float(shape(k)) for k in (0, 5, 100)] == pytest.approx([0.0, 0.5, 1.0])
     cfg = ppo.PPOConfig(learning_rate=1e-3, lr_schedule="cosine", warmup_steps=0,
                         decay_steps=100, end_lr_ratio=0.1)
-    _, sched = optim.make_optimizer(cfg)
+    sched = optim.make_schedule(cfg)
     assert float(sched(50)) == pytest.approx(1e-4 + 0.5 * (1e-3 - 1e-4), rel=1e-4)
     assert float(sched(100)) == pytest.approx(1e-4, rel=1e-4)
+    assert float(optim.make_optimizer(cfg)[1](100)) == pytest.approx(0.1, rel=1e-4)

@@ -188,3 +188,28 @@ def test_ppo_learns_synthetic_reward(setup):
     assert last >= first + 0.75 and last >= 2.0 * first, scores
     assert int(state.nonfinite_skips) == 0
     assert update.trace_count - before <= 1
+
+
+def test_the_learning_rate_is_an_input_of_the_update_not_a_constant(setup):
+    """The peak learning rate is the train state's (`TrainState.learning_rate`): a study's frozen
+    control (learning_rate=0) runs the trained arm's program, traced once, and keeps its weights
+    bit for bit while the trained state's move. Control: another clip_eps is another program."""
+    import dataclasses
+    pdef, params, ref, prompt, pmask = setup
+    cfg = PPO_FIRST
+    frozen = dataclasses.replace(cfg, learning_rate=0.0)
+    traj, _ = rollout(pdef, params, ref, cfg, jax.random.PRNGKey(5), prompt, pmask, RESP,
+                      count_token(TARGET))
+    hlo = lambda c: ppo.make_update(c, pdef).lower(_state(c, setup), traj).as_text()  # noqa
+    assert hlo(frozen) == hlo(cfg)
+    assert hlo(dataclasses.replace(cfg, clip_eps=0.1)) != hlo(cfg)  # control: a constant
+    update = ppo.make_update(cfg, pdef)
+    trained, metrics = update(_state(cfg, setup), traj)
+    kept, kept_metrics = update(_state(frozen, setup), traj)
+    assert update.trace_count == 1
+    assert float(metrics["learning_rate"]) == pytest.approx(1e-3)
+    assert float(kept_metrics["learning_rate"]) == 0.0
+    same = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), kept.params, params)
+    assert all(jax.tree.leaves(same))
+    moved = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), trained.params, params)
+    assert not all(jax.tree.leaves(moved))

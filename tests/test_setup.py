@@ -109,3 +109,27 @@ def test_single_policy_reward_weighs_dislikes_where_set(dislike):
     np.testing.assert_allclose(np.asarray(score)[0], likes + dislike * dislikes)
     if dislike:  # negative control: the dislikes moved the score
         assert not np.allclose(np.asarray(score)[0], likes)
+
+
+def test_the_seed_is_data_of_the_programs_not_a_constant():
+    """Two seeds, one embedding program: the reference encoder's random projection (drawn from
+    the seed) enters as the encoder's input (`epoch.encoder_input`), so runs that differ only
+    in seed share their compiled programs. Control: closed over, it is a constant and the two
+    seeds' programs differ."""
+    from jaxsocial.train import epoch as epoch_lib
+
+    def lowered(seed, closed):
+        c = smoke()
+        c.seed = seed
+        setup = setup_lib.build_setup(c, one_device())
+        weights = jax.eval_shape(functools.partial(setup_lib.init_weights, c, setup))
+        encoder = epoch_lib.encoder_input(setup, weights, setup_lib.abstract_text(setup))
+        embed = epoch_lib.make_embed(setup)
+        tokens = jax.ShapeDtypeStruct((4, setup.social_params.content_len), jax.numpy.int32)
+        if closed:
+            return jax.jit(lambda r, center, x: embed(r, (center, encoder[1]), x)).lower(
+                weights.ref, encoder[0], tokens).as_text()
+        return jax.jit(embed).lower(weights.ref, encoder, tokens).as_text()
+    assert not (setup_lib.build_setup(smoke(), one_device()).encoder.projection == 0).all()
+    assert lowered(0, closed=False) == lowered(1, closed=False)
+    assert lowered(0, closed=True) != lowered(1, closed=True)

@@ -30,7 +30,8 @@ ROLLOUT_FIELDS = ("stop_token_ids", "temperature", "top_k", "top_p")
 class OptimConfig:
     """Shared PPO / GRPO knobs (defaults: docs/rl.md, "Defaults"; subclasses override some)."""
 
-    # optimizer: optax.chain(clip_by_global_norm(max_grad_norm), adamw(schedule))
+    # optimizer: optax.chain(clip_by_global_norm(max_grad_norm), adamw(schedule)), the
+    # schedule's peak (learning_rate) held in the train state (rl/optim.py)
     learning_rate: float = 3e-6
     lr_schedule: str = "constant"        # "constant" (after warmup) or "cosine"
     warmup_steps: int = 0

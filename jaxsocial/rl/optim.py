@@ -1,9 +1,11 @@
 """The optimisation engine PPO and GRPO run on: the optimizer and its learning-rate
-schedule, the epochs x shuffled minibatches x accumulated micro-batches scan with its NaN/inf
-guard, the compiled-update wrapper, and a fresh TrainState.
+schedule (its shape in the optimizer, its peak in the train state), the epochs x shuffled
+minibatches x accumulated micro-batches scan with its NaN/inf guard, the compiled-update
+wrapper, and a fresh TrainState.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import jax
@@ -31,8 +33,11 @@ def make_schedule(cfg) -> optax.Schedule:
 
 
 def make_optimizer(cfg) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """optax.chain(clip_by_global_norm(max_grad_norm), adamw(schedule)) and the schedule."""
-    schedule = make_schedule(cfg)
+    """optax.chain(clip_by_global_norm(max_grad_norm), adamw(shape)) and the shape: the
+    schedule at peak 1 (`make_schedule` with learning_rate=1). `run_epochs` multiplies each
+    update by the train state's `learning_rate` (`cfg.learning_rate` at `init_train_state`), so
+    the peak is an input of the compiled update, not a constant in it."""
+    schedule = make_schedule(dataclasses.replace(cfg, learning_rate=1.0))
     tx = optax.chain(
         optax.clip_by_global_norm(cfg.max_grad_norm),
         optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
@@ -64,9 +69,10 @@ def run_epochs(loss_fn: Callable, tx: optax.GradientTransformation, schedule: op
     divides the micro-batch, whole groups are shuffled (rows of a group stay contiguous, so
     the policy forward can share the group's prompt); otherwise rows are shuffled.
 
-    Each optimizer step is guarded: a non-finite loss or gradient norm keeps params and
-    optimizer state, and bumps state.nonfinite_skips. Returns (state, metrics averaged over
-    the steps).
+    The step's learning rate is `schedule(step) * state.learning_rate` (`make_optimizer`: tx and
+    schedule at peak 1, the peak in the state). Each optimizer step is guarded: a non-finite
+    loss or gradient norm keeps params and optimizer state, and bumps state.nonfinite_skips.
+    Returns (state, metrics averaged over the steps).
     """
     b = jax.tree.leaves(rows)[0].shape[0]
     grad_accum_steps, micro = rl_config.OptimConfig(
@@ -93,8 +99,9 @@ def run_epochs(loss_fn: Callable, tx: optax.GradientTransformation, schedule: op
         grad_norm = optax.tree.norm(grads)
         ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         updates, new_opt_state = tx.update(grads, opt_state, params)
+        updates = jax.tree.map(lambda u: state.learning_rate.astype(u.dtype) * u, updates)
         new_params = optax.apply_updates(params, updates)
-        lr = schedule(step)
+        lr = schedule(step) * state.learning_rate
         params = _tree_where(ok, new_params, params)
         opt_state = _tree_where(ok, new_opt_state, opt_state)
         metrics = dict(metrics, loss=loss, grad_norm=grad_norm, learning_rate=lr,
@@ -155,4 +162,5 @@ class CompiledUpdate:
 def init_train_state(cfg, pdef, params, ref_params, key) -> state_lib.TrainState:
     """TrainState with the optimizer of `cfg` (PPOConfig or GRPOConfig)."""
     tx, _ = make_optimizer(cfg)
-    return state_lib.create_train_state(params, ref_params, tx, key, cfg.initial_kl_coef)
+    return state_lib.create_train_state(params, ref_params, tx, key, cfg.initial_kl_coef,
+                                        cfg.learning_rate)

@@ -62,12 +62,16 @@ class TrainState:
                     {"kernel" [H], "bias" []} (+ "trunk": separate critic weights) or None}
     ref_params      frozen reference policy weights (the initial weights; with LoRA these are
                     also the frozen base the adapters sit on)
-    opt_state       optax state of `optax.chain(clip_by_global_norm, adamw(schedule))`
+    opt_state       optax state of `optax.chain(clip_by_global_norm, adamw(schedule at peak 1))`
     kl              KLState (fixed or adaptive beta)
     reward_stats    RunningStats of episode scores (used when reward normalisation is on)
     step            int32: optimizer steps applied (skipped steps are not counted)
     key             uint32 [2] PRNG key (raw, so orbax saves it as a plain array)
     nonfinite_skips int32: optimizer steps skipped by the NaN/inf guard
+    learning_rate   float32: the schedule's peak (`learning_rate` of the config), which scales
+                    every update (`optim.run_epochs`). A value in the state, not a constant in
+                    the program: runs that differ only in it (a study's frozen control at 0)
+                    share one compiled program.
     """
 
     params: Any
@@ -78,9 +82,11 @@ class TrainState:
     step: jax.Array
     key: jax.Array
     nonfinite_skips: jax.Array
+    learning_rate: jax.Array
 
 
-def create_train_state(params, ref_params, tx, key, kl_coef: float) -> TrainState:
+def create_train_state(params, ref_params, tx, key, kl_coef: float,
+                       learning_rate: float) -> TrainState:
     """A fresh TrainState: opt state from `tx.init(params)`, counters at zero.
 
     `key` is a raw uint32 [2] key (`jax.random.PRNGKey(seed)`); typed keys are converted.
@@ -96,5 +102,6 @@ def create_train_state(params, ref_params, tx, key, kl_coef: float) -> TrainStat
         step=jnp.zeros((), jnp.int32),
         key=jnp.asarray(key, jnp.uint32),
         nonfinite_skips=jnp.zeros((), jnp.int32),
+        learning_rate=jnp.asarray(learning_rate, jnp.float32),
     )
 
