@@ -49,7 +49,7 @@ def pytest_sessionfinish(session, exitstatus):
 # first and the many short files fill in at the end, rather than one long file running alone
 # while the other worker idles. test_readme.py leads: its newcomer runs `configs/demo.py:smoke`
 # in a one-device process first, so the later one-device launches of the same programs
-# (test_train_loop's SIGINT run, test_preflight's launcher run, test_study's trained arm) load
+# (test_train_loop's SIGINT run, test_preflight's launcher run, test_study's two arms) load
 # them from the run's compile cache instead of compiling them at the same time.
 LONGEST_FIRST = (
     "test_readme.py", "test_train_loop.py", "test_cohorts.py", "test_runs_resume.py",

@@ -8,9 +8,8 @@
 society's knobs, the society encoder's definition) and returns closures that hold those values
 and nothing mutable. `grammar` is `setup.grammar`; `encoder` the society encoder's frozen input
 (`encoder_input`: the sentence encoder's weights, or the reference encoder's centre and
-projection). Each
-function has its own builder here (`make_embed`, `make_rollout` over `make_agent_tick`,
-`make_social_reward`, `make_score_rollout`, `make_view`):
+projection). Each function has its own builder here (`make_embed`, `make_rollout` over
+`make_agent_tick`, `make_social_reward`, `make_score_rollout`, `make_view`):
 
 - `embed(ref_params, encoder, content) -> [B, d]`: the society's frozen encoder
   (`society.encoder`: the sentence encoder, or the reference policy's pooled states, centred,
