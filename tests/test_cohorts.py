@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from browser import page_problems, require_browser
 from conftest import load_config_file
 from flax import nnx
 from test_lora import merged
@@ -346,6 +347,18 @@ def test_cohort_run_resumes_to_the_same_state_and_exports_each_cohort(tmp_path):
     assert "## Cohorts" in md and "| frozen | total likes |" in md and "likes given" in md
     plain = {"first": dict(rows[0], cohorts=None), "last": dict(rows[-1], cohorts=None)}
     assert "## Cohorts" not in report.summary_markdown(plain)  # control: not without cohorts
+    # The report's feed: one line per epoch, the resumed run's the same as the straight one's
+    # (the posts carry their cohort), and the page of the run draws every section.
+    feeds = [open(w / "feed.jsonl").read().splitlines() for w in (straight, halves)]
+    assert len(feeds[0]) == 2 and feeds[0] == feeds[1]
+    posts = json.loads(feeds[0][1])["posts"]
+    assert posts and {p["cohort"] for p in posts} <= {"trained", "frozen"}
+    assert len(posts) == rows[1]["total_posts"]
+    assert sum(p["likes"] for p in posts) == pytest.approx(
+        rows[1]["avg_likes_per_post"] * len(posts))
+    require_browser()
+    assert page_problems(str(straight / "report.html"), (
+        "numbers", "drift", "feed", "actions", "cohorts", "cascades")) == []
 
 
 def test_cohort_epoch_on_eight_devices_equals_one(two, two_epoch):

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from browser import page_problems, require_browser
 from conftest import ONE_DEVICE_ENV, ROOT, load_launcher
 from scipy import stats
 
@@ -520,8 +521,8 @@ def test_study_of_smoke_runs_end_to_end(tmp_path):
     p = subprocess.run(cmd, cwd=ROOT, env=ONE_DEVICE_ENV, capture_output=True, text=True,
                        timeout=1200)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    for name in ("study.json", "study.md", "study.png", "trained-seed1.log",
-                 "control-seed1.log"):
+    for name in ("study.json", "study.md", "study.png", "report.html", "trained-seed1.log",
+                 "control-seed1.log", "trained-seed1/report.html"):
         assert (work / name).exists(), name
     with open(work / "study.json") as f:
         data = json.load(f)
@@ -552,6 +553,8 @@ def test_study_of_smoke_runs_end_to_end(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "0 to run, 2 finished" in again.stdout and "start " not in again.stdout
     print(f"study of 2 smoke runs: {first_s:.0f} s")
+    require_browser()
+    assert page_problems(str(work / "report.html"), ("curves", "table", "runs")) == []
 
 
 def test_parse_failures_by_kind_over_epochs():

@@ -10,7 +10,8 @@ device, from the parent links alone:
 - `depth`: the longest parent chain down from the root (0 = nobody shared it);
 - `breadth`: the most nodes at any one depth below the root (0 when size is 0);
 - `half_time`: ticks from the root's creation until its tree held half of its final size
-  (the creation tick of the ceil(size / 2)-th member, in creation order), -1 when size is 0.
+  (the creation tick of the ceil(size / 2)-th member, in creation order), -1 when size is 0;
+- `root`: for every share in a live cascade, its root's slot (`trees` draws the largest ones).
 
 A member whose chain reaches an evicted post belongs to no live cascade (ids grow and the ring
 evicts oldest first, so its root was evicted too). Pointer doubling finds every node's root and
@@ -39,6 +40,7 @@ class Cascades:
     depth: Array     # [P] int32
     breadth: Array   # [P] int32
     half_time: Array  # [P] int32, -1 where size == 0
+    root: Array      # [P] int32 the slot of a share's root, -1 off the live cascades
 
 
 def cascades(posts: Posts) -> Cascades:
@@ -90,7 +92,8 @@ def cascades(posts: Posts) -> Cascades:
     return Cascades(is_root=is_root, size=jnp.where(is_root, size, zero),
                     depth=jnp.where(is_root, depth, zero),
                     breadth=jnp.where(is_root, breadth, zero),
-                    half_time=jnp.where(is_root, half_time, -1).astype(jnp.int32))
+                    half_time=jnp.where(is_root, half_time, -1).astype(jnp.int32),
+                    root=jnp.where(member, anc, -1).astype(jnp.int32))
 
 
 PERCENTILES = (50, 90, 99)
@@ -119,4 +122,28 @@ def summary(c: Cascades) -> dict:
         row = {"mean": float(values.mean()), "max": int(values.max())}
         row.update({f"p{q}": float(np.percentile(values, q)) for q in PERCENTILES})
         out[name] = row
+    return out
+
+
+def trees(c: Cascades, posts: Posts, n: int = 3, max_nodes: int = 200) -> list:
+    """Host side: the `n` largest cascades that spread (size > 0; ties: the older root first),
+    each {"root": slot, "size": its size, "nodes": [{"id", "parent", "author", "kind",
+    "created_at"}, ...]}: the root first (parent -1), then its reposts and quotes in creation
+    order, at most `max_nodes` nodes (the earliest; a node's parent is always among the
+    earlier ones)."""
+    import numpy as np
+
+    size, is_root, root = (np.asarray(x) for x in (c.size, c.is_root, c.root))
+    ids, kind, author, parent, created = (np.asarray(x) for x in (
+        posts.id, posts.kind, posts.author, posts.parent, posts.created_at))
+    spread = np.flatnonzero(is_root & (size > 0))
+    order = spread[np.lexsort((ids[spread], -size[spread]))][:n]
+    out = []
+    for r in order:
+        members = np.flatnonzero(root == r)
+        members = members[np.argsort(ids[members], kind="stable")][:max_nodes - 1]
+        nodes = [{"id": int(ids[s]), "parent": -1 if s == r else int(parent[s]),
+                  "author": int(author[s]), "kind": PostKind(int(kind[s])).name.lower(),
+                  "created_at": int(created[s])} for s in (int(r), *members.tolist())]
+        out.append({"root": int(r), "size": int(size[r]), "nodes": nodes})
     return out

@@ -25,6 +25,8 @@ from jaxsocial.train.epoch import EpochView, Rollout
 from jaxsocial.train.setup import RunState, Setup, Text
 
 _cascades = jax.jit(cascades.cascades)
+_rows = jax.jit(lambda x, rows: x[rows])
+_TREES = 3  # the largest cascades the report draws
 _polarisation = jax.jit(polarisation.summary, static_argnames=("params", "sample"))
 
 # engagement [..., E]: the first POSITIVE channels (likes, reposts, comments) are positive
@@ -66,7 +68,30 @@ def epoch_metrics(setup: Setup, text: Text, v: EpochView, upd, wall: float, t_ro
     m.update(_text_metrics(setup, text, v, kept, idx, eng, texts))
     if setup.cohorts is not None:
         m["cohorts"] = cohort_metrics(setup, text, v, upd, kept, idx, texts)
+    m["feed"] = feed(setup, v, idx, eng, texts)
     return m
+
+
+def feed(setup: Setup, v: EpochView, idx: np.ndarray, eng: np.ndarray, texts: List[str]
+         ) -> List[Dict[str, Any]]:
+    """The epoch's first posts (`texts`, at flat rows `idx` of [T, B]) as the report's feed:
+    tick, author, the author's persona (and cohort), text, and the likes, reposts and comments
+    each drew within the reward horizon. The runner writes it to feed.jsonl, not
+    metrics.jsonl."""
+    b = np.asarray(v.agent).shape[1]
+    authors = np.asarray(v.agent).reshape(-1)[idx]
+    counts = eng.reshape(-1, eng.shape[-1])[idx]
+    cohort_of = (np.asarray(setup.cohorts.agent_cohort) if setup.cohorts is not None else None)
+    rows = []
+    for i, t in enumerate(texts):
+        a = int(authors[i])
+        row = {"tick": int(idx[i]) // b, "agent": a, "persona": setup.personas[a], "text": t,
+               "likes": int(counts[i, 0]), "reposts": int(counts[i, 1]),
+               "comments": int(counts[i, 2])}
+        if cohort_of is not None:
+            row["cohort"] = setup.cohorts.names[int(cohort_of[a])]
+        rows.append(row)
+    return rows
 
 
 def _action_metrics(setup: Setup, v: EpochView, eng: np.ndarray) -> Dict[str, Any]:
@@ -102,6 +127,9 @@ def _action_metrics(setup: Setup, v: EpochView, eng: np.ndarray) -> Dict[str, An
         "invalid_actions": int(((reason != 0) & parsed).sum()),
         "reward_mean": float(sc.mean()),
         "reward_std": float(sc.std()),
+        # the reward's distribution over the epoch's trajectories, for the report's box plot
+        "reward_box": dict(zip(("min", "q1", "median", "q3", "max"),
+                               np.percentile(sc, [0, 25, 50, 75, 100]).astype(float).tolist())),
         "action_mix": mix,
         "crowd_posts": int(v.crowd_posts),
         "likes_hist": np.bincount(likes.astype(int), minlength=1).tolist() if n_posts else [],
@@ -267,14 +295,24 @@ def samples(setup: Setup, v: EpochView, epoch: int, n: Optional[int] = None) -> 
 def society_metrics(setup: Setup, state: RunState) -> Dict[str, Any]:
     """The society at the end of the epoch: `cascades`, how far its alive original posts
     spread (`social.cascades`: size, depth, breadth and half time of their repost / quote
-    trees, as percentiles), and `polarisation` of its follow graph
+    trees, as percentiles), `cascade_trees`, the largest of those trees with their root's text
+    (`cascades.trees`), and `polarisation` of its follow graph
     (`social.polarisation.summary`; the shuffle's key is the seed folded with the epoch,
     apart from the run's own keys)."""
     soc = state.society
     epoch = int(sharding.to_host(state.epoch))
     key = jax.random.fold_in(jax.random.key(int(setup.config.seed) + 104729), epoch)
     pol = sharding.to_host(_polarisation(key, soc, params=setup.social_params))
-    return {"cascades": cascades.summary(sharding.to_host(_cascades(soc.posts))),
+    c = sharding.to_host(_cascades(soc.posts))
+    posts = sharding.to_host(soc.posts.replace(tokens=None, embedding=None))
+    largest = cascades.trees(c, posts, n=_TREES)
+    # the roots' text, for the report's cascade trees (a gather of static shape [_TREES, L])
+    slots = np.zeros((_TREES,), np.int32)
+    slots[:len(largest)] = [t["root"] for t in largest]
+    toks = np.asarray(sharding.to_host(_rows(soc.posts.tokens, slots)))
+    for tree, row in zip(largest, toks):
+        tree["text"] = setup.tokenizer.decode(row[row >= 0], skip_special_tokens=True)
+    return {"cascades": cascades.summary(c), "cascade_trees": largest,
             "polarisation": {k: int(v) if k == "follow_edges" else
                              (None if np.isnan(v) else float(v)) for k, v in pol.items()}}
 

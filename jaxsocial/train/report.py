@@ -201,8 +201,9 @@ def console_story(summary: dict, workdir: str, non_post_mode: str = "constant",
     elif non_post_mode == "skip":
         lines.append("answers that create nothing (like, nothing, ...) are left out of the "
                      "update (reward.non_post_mode='skip')")
-    files = [n for n in ("summary.md", "summary.json", "metrics.jsonl", "samples.jsonl",
-                         "tensorboard", "export", "initial", "train.log")
+    files = [n for n in ("report.html", "summary.md", "summary.json", "metrics.jsonl",
+                         "samples.jsonl", "feed.jsonl", "tensorboard", "export", "initial",
+                         "train.log")
              if os.path.exists(os.path.join(workdir, n))]
     lines.append(f"wrote {workdir}/: " + ", ".join(
         n + ("/" if os.path.isdir(os.path.join(workdir, n)) else "") for n in files))

@@ -2,12 +2,13 @@
 
 `MetricWriter(workdir)` writes `metrics.jsonl` and TensorBoard events (tensorboardX, no
 TensorFlow needed) side by side; `write_samples` appends qualitative samples to
-`samples.jsonl`. Values are converted from JAX/NumPy scalars to plain floats first.
+`samples.jsonl`, `write_feed` one line per epoch of its posts to `feed.jsonl` (the report's
+feed). Values are converted from JAX/NumPy scalars to plain floats first.
 
 Exactly once: `cut_logs(workdir, epoch)` runs on every start (fresh or resumed) and keeps only
-the records of epochs <= the restored epoch in metrics.jsonl and samples.jsonl (0 on a fresh
-start: both emptied), and rewrites the TensorBoard events from the kept metrics into a fresh
-events directory (file suffix `.kept`, next to the new run's own file), so a step is never
+the records of epochs <= the restored epoch in metrics.jsonl, samples.jsonl and feed.jsonl (0
+on a fresh start: all emptied), and rewrites the TensorBoard events from the kept metrics into a
+fresh events directory (file suffix `.kept`, next to the new run's own file), so a step is never
 shown twice. A torn last line (a run killed mid-write) is dropped with a warning naming the
 file.
 """
@@ -21,7 +22,6 @@ from typing import Any, Dict, Iterable, Mapping
 
 import numpy as np
 from absl import logging
-from tensorboardX import SummaryWriter
 
 
 def to_python(value: Any) -> Any:
@@ -58,8 +58,10 @@ class MetricWriter:
         self.workdir = workdir
         self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
         self._samples = open(os.path.join(workdir, "samples.jsonl"), "a", encoding="utf-8")
+        self._feed = open(os.path.join(workdir, "feed.jsonl"), "a", encoding="utf-8")
         self._tb = None
         if tensorboard:
+            from tensorboardX import SummaryWriter  # 1 s to import: only where it writes
             self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> Dict[str, Any]:
@@ -77,9 +79,16 @@ class MetricWriter:
             self._samples.write(json.dumps(to_python(dict(s)), ensure_ascii=False) + "\n")
         self._samples.flush()
 
+    def write_feed(self, epoch: int, posts: Iterable[Mapping[str, Any]]) -> None:
+        """One feed.jsonl line: {"epoch", "posts": [...]} (`train.host.feed`'s rows)."""
+        record = {"epoch": int(epoch), "posts": to_python(list(posts))}
+        self._feed.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._feed.flush()
+
     def close(self) -> None:
         self._jsonl.close()
         self._samples.close()
+        self._feed.close()
         if self._tb is not None:
             self._tb.close()
 
@@ -121,11 +130,11 @@ def _atomic_write_lines(path: str, lines: Iterable[str]) -> None:
 
 
 def cut_logs(workdir: str, epoch: int, tensorboard: bool = True) -> int:
-    """Keep only records of epochs <= `epoch` in metrics.jsonl, samples.jsonl and
+    """Keep only records of epochs <= `epoch` in metrics.jsonl, samples.jsonl, feed.jsonl and
     interviews.jsonl, and rebuild
     the TensorBoard events from the kept metrics. Returns the number of metric records kept."""
     kept_metrics = []
-    for name in ("metrics.jsonl", "samples.jsonl", "interviews.jsonl"):
+    for name in ("metrics.jsonl", "samples.jsonl", "feed.jsonl", "interviews.jsonl"):
         path = os.path.join(workdir, name)
         if not os.path.exists(path):
             continue
@@ -142,6 +151,7 @@ def cut_logs(workdir: str, epoch: int, tensorboard: bool = True) -> int:
     if os.path.exists(tb_dir):
         shutil.rmtree(tb_dir)
     if tensorboard and kept_metrics:
+        from tensorboardX import SummaryWriter
         # Its own file-name suffix: tensorboardX names files by the second, so the writer
         # that opens next in the same second would otherwise overwrite the rebuilt events.
         with SummaryWriter(tb_dir, filename_suffix=".kept") as tb:

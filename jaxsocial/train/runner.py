@@ -20,7 +20,16 @@ from tqdm import tqdm
 
 from jaxsocial.models import checkpoint_hf
 from jaxsocial.social import recsys
-from jaxsocial.train import checkpointing, checks, fit, host, report, sharding, workdir_lock
+from jaxsocial.train import (
+    checkpointing,
+    checks,
+    fit,
+    host,
+    report,
+    report_page,
+    sharding,
+    workdir_lock,
+)
 from jaxsocial.train import config as run_config
 from jaxsocial.train import run as run_lib
 from jaxsocial.train import run_log as log_lib
@@ -137,7 +146,7 @@ def _start_fork(run, state, workdir: str, source: str, step: int, lead: bool):
     finally:
         src.close()
     if lead:  # the source's logs whole; the caller's cut_logs keeps the epochs up to `step`
-        for name in ("metrics.jsonl", "samples.jsonl", "interviews.jsonl"):
+        for name in ("metrics.jsonl", "samples.jsonl", "feed.jsonl", "interviews.jsonl"):
             if os.path.exists(os.path.join(source, name)):
                 shutil.copyfile(os.path.join(source, name), os.path.join(workdir, name))
     history = [h for h in meta.get("history", []) if h.get("epoch", 0) <= step]
@@ -337,10 +346,13 @@ def _epoch_loop(config, workdir: str, run, state, epoch: int, ckpt, guard, histo
         while epoch < epochs:
             state, metrics, samples = run.run_epoch(state)
             epoch = metrics["epoch"]
+            feed = metrics.pop("feed", [])
             record = log_lib.to_python(metrics)
             if writer is not None:
                 writer.write(epoch, metrics)
                 writer.write_samples(samples)
+                writer.write_feed(epoch, feed)
+                report_page.write(workdir)  # watchable while the run goes
             _interviews(config, workdir, run, state, epoch, lead)
             history.append(_history_entry(record, epoch))
             done_here += 1
@@ -418,6 +430,7 @@ def _finish(config, workdir: str, run, state, history: list, epoch: int, lead: b
         summary["interviews"] = {"first": interviews[min(interviews)],
                                  "last": interviews[max(interviews)]}
     if lead:
+        summary["report"] = report_page.write(workdir)
         _write_text_atomic(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=2))
         _write_text_atomic(os.path.join(workdir, "summary.md"), report.summary_markdown(
             summary, f"Social-RL run: {config.name}"))
