@@ -62,7 +62,10 @@ EXTRAS = {
     "smol": [],  # the GGUF reader is a core dependency now; kept so '.[smol]' still installs
     "eval": EVAL,
     "notebook": NOTEBOOK,
-    "tfds": ["tensorflow-datasets>=4.9.9", "array-record>=0.8"],
+    # train.dataset: the trajectory dataset, written by tensorflow-datasets' writer, which needs
+    # TensorFlow (the CPU build is enough); reading it back (jaxsocial.datasets) does not.
+    "tfds": ["tensorflow-datasets>=4.9.9,<5", "array-record>=0.8", "tensorflow-cpu>=2.20,<3",
+             "importlib_resources"],
     # OASIS's own code (camel-oasis), the peer of benchmarks/society_scale.py, cannot be installed
     # beside jaxsocial: benchmarks/oasis-requirements.txt installs it into a venv of its own.
     # benchmarks/rl_step.py only: TRL's GRPOTrainer as the peer of one RL step, with a PEFT LoRA

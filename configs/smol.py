@@ -98,6 +98,8 @@ def get_config(arg=None):
         c.rl.kl_coef = 0.0
         c.train.epochs = 10
         c.train.checkpoint_every = 5
+        # every epoch's trajectories as a TFDS dataset in W/dataset/ (pip install -e '.[tfds]')
+        c.train.dataset = True
     elif arg == "tool_call":
         # The answer is a JSON function call (agents.tool_calls.parse_tool_call); the prompt lists
         # the tools. A call around 12 content tokens takes ~30 tokens.

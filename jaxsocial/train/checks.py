@@ -17,7 +17,7 @@ from jaxsocial.agents import actions
 from jaxsocial.rl.config import KL_PER
 from jaxsocial.rl.rewards import NON_POST_MODES, NORMALIZE_MODES
 from jaxsocial.social import activation, society, text_bank
-from jaxsocial.train import bounds, cohorts, society_encoder
+from jaxsocial.train import bounds, cohorts, dataset, society_encoder
 from jaxsocial.train import config as run_config
 
 _get = run_config.config_get
@@ -87,6 +87,8 @@ def _train_keys(p: _Problems) -> float:
     p.at_least("train.checkpoint_every", 1, 1)
     p.at_least("train.keep_checkpoints", 1, 1)
     p.at_least("train.log_samples", 0, 0)
+    if p.get("train.dataset", False):
+        p.need(dataset.missing() is None, str(dataset.missing()))
     feed, pool = p.num("society.feed_size", 1), p.num("society.pool_size", 1)
     p.need(feed >= 1, f"society.feed_size={int(feed)} must be >= 1")
     p.need(feed <= pool, f"society.feed_size={int(feed)} > society.pool_size={int(pool)}: the "

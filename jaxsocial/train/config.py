@@ -195,7 +195,10 @@ def _train_block() -> ml_collections.ConfigDict:
         # not fit it: "" (no pre-flight), "auto" (this process's devices), "tpu:v5e:8x8",
         # "gpu:h100:8", ... (jaxsocial.scale.targets)
         preflight="",
-        text_metrics_posts=4096))  # text drift / topics / top posts over the first K posts
+        text_metrics_posts=4096,  # text drift / topics / top posts over the first K posts
+        # True: each epoch's trajectories as a TFDS dataset in W/dataset/ (RLDS episodes;
+        # jaxsocial.train.dataset; needs pip install -e '.[tfds]')
+        dataset=False))
 
 
 def society_fields(c: ml_collections.ConfigDict) -> dict:

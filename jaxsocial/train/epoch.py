@@ -92,7 +92,7 @@ class EpochView:
     """What an epoch's metrics and samples read, reduced on the device (`EpochFns.view`):
     per-trajectory scalars [T, B], the text of the first K posts in tick order
     (K = train.text_metrics_posts) and the last tick's answers. The rollout's prompts, log-probs
-    and per-slot records stay on the device."""
+    and per-slot records stay on the device, unless train.dataset asks for its steps."""
 
     agent: Array           # [T, B] int32
     action_type: Array     # [T, B] int32
@@ -112,6 +112,8 @@ class EpochView:
     last_tokens: Array     # [B, N] int32 the last agent tick's answers (samples)
     last_mask: Array       # [B, N] bool
     logprob_gap: Array     # [] float32
+    # train.dataset: the whole rollout for the trajectory dataset (else None)
+    steps: Optional[Rollout] = None
 
 
 class EpochFns(NamedTuple):
@@ -470,6 +472,7 @@ def make_view(setup: Setup):
     """-> view(Rollout, score, engagement, gap) -> EpochView: the epoch reduced to what the
     host's metrics and samples read (the first `train.text_metrics_posts` posts' text)."""
     text_posts = int(setup.config.train.get("text_metrics_posts", 4096))
+    dataset = bool(setup.config.train.get("dataset", False))
 
     def view(ro: Rollout, s: Array, eng: Array, gap: Array) -> EpochView:
         t, b = ro.created_id.shape
@@ -488,7 +491,10 @@ def make_view(setup: Setup):
             tokens=jnp.sum(ro.mask).astype(jnp.float32), crowd_posts=jnp.sum(ro.crowd_posts),
             post_index=idx.astype(jnp.int32), post_tokens=jnp.where(keep, flat(ro.tokens), 0),
             post_mask=keep & flat(ro.mask), post_embedding=jnp.where(keep, flat(ro.embedding), 0),
-            last_tokens=ro.tokens[-1], last_mask=ro.mask[-1], logprob_gap=gap)
+            last_tokens=ro.tokens[-1], last_mask=ro.mask[-1], logprob_gap=gap,
+            # the per-slot records and embeddings are not steps of an agent's episode
+            steps=ro.replace(deltas=None, slot_ids=None, follower_delta=None, crowd_posts=None,
+                             embedding=None, values=None) if dataset else None)
 
     return view
 

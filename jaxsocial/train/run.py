@@ -25,7 +25,7 @@ from flax import nnx
 
 from jaxsocial.models import checkpoint_hf
 from jaxsocial.rl import lora as lora_lib
-from jaxsocial.train import checks, fit, host, sharding
+from jaxsocial.train import checks, dataset, fit, host, sharding
 from jaxsocial.train import cohorts as cohorts_lib
 from jaxsocial.train import epoch as epoch_lib
 from jaxsocial.train import setup as setup_lib
@@ -124,6 +124,8 @@ class Run:
         metrics["epoch"] = int(sharding.to_host(new.epoch))
         new = self._copy_adapters(new, metrics)
         metrics.update(host.society_metrics(self.setup, new))
+        if view.steps is not None:  # train.dataset: the runner writes them (and pops them)
+            metrics["episodes"] = dataset.episodes(self.setup, view, metrics["epoch"])
         if self.setup.code:
             metrics["code_passed"] = int((bonus > 0).sum())
         return new, metrics, host.samples(self.setup, view, metrics["epoch"])

@@ -23,6 +23,7 @@ from jaxsocial.social import recsys
 from jaxsocial.train import (
     checkpointing,
     checks,
+    dataset,
     fit,
     host,
     report,
@@ -323,6 +324,7 @@ def _record_start(config, workdir: str, changes, resuming: bool, restored_epoch:
     # Exactly-once logs: drop whatever was logged after the restored epoch (all of it on a
     # fresh start), TensorBoard included.
     log_lib.cut_logs(workdir, restored_epoch)
+    dataset.cut(workdir, restored_epoch)
 
 
 def _epoch_loop(config, workdir: str, run, state, epoch: int, ckpt, guard, history: list, *,
@@ -347,12 +349,15 @@ def _epoch_loop(config, workdir: str, run, state, epoch: int, ckpt, guard, histo
             state, metrics, samples = run.run_epoch(state)
             epoch = metrics["epoch"]
             feed = metrics.pop("feed", [])
+            episodes = metrics.pop("episodes", None)  # train.dataset
             record = log_lib.to_python(metrics)
             if writer is not None:
                 writer.write(epoch, metrics)
                 writer.write_samples(samples)
                 writer.write_feed(epoch, feed)
                 report_page.write(workdir)  # watchable while the run goes
+                if episodes is not None:  # before the checkpoint: a resume redoes what follows
+                    dataset.write_epoch(workdir, epoch, episodes, config.to_json_best_effort())
             _interviews(config, workdir, run, state, epoch, lead)
             history.append(_history_entry(record, epoch))
             done_here += 1
