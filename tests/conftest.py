@@ -55,7 +55,8 @@ LONGEST_FIRST = (
     "test_readme.py", "test_train_loop.py", "test_cohorts.py", "test_runs_resume.py",
     "test_families.py", "test_preflight.py", "test_fork.py", "test_fused_epoch.py",
     "test_loop_variants.py", "test_fit.py", "test_study.py", "test_interviews.py", "test_smol.py",
-    "test_compile_cache.py", "test_recsys_reddit.py", "test_gguf.py", "test_aot_memory.py",
+    "test_compile_cache.py", "test_dataset.py", "test_recsys_reddit.py", "test_gguf.py",
+    "test_aot_memory.py", "test_report_page.py",
     "test_micro_batch.py", "test_text_grounding.py", "test_runs_errors.py", "test_throughput.py",
     "test_tool_call.py",
 )

@@ -89,15 +89,37 @@ def test_dataset_is_the_runs_steps_and_a_killed_run_resumes_to_the_same(tmp_path
     require_tfds()
     c = _config()
     run = run_lib.build_run(c, mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    runner.train(c, str(straight), run=run)
-    assert sorted(dataset_lib.epochs(str(straight))) == [1, 2]
-    eps = list(datasets.episodes(str(straight)))
-    metrics, samples = _jsonl(straight / "metrics.jsonl"), _jsonl(straight / "samples.jsonl")
-    feeds = _jsonl(straight / "feed.jsonl")
+    w = str(tmp_path / "w")
+    # What kill -9 during epoch 2's checkpoint leaves: epoch 2's dataset complete, its
+    # checkpoint not, and a half-written dataset directory beside it.
+    real = checkpointing.Checkpointer.save
+
+    def dies_saving_2(self, step, tree, meta):
+        if step == 2:
+            os.makedirs(os.path.join(dataset_lib.epoch_dir(w, 2), os.pardir,
+                                     "incomplete.x1_1.0.0"))
+            raise KeyboardInterrupt("killed")
+        return real(self, step, tree, meta)
+    monkeypatch.setattr(checkpointing.Checkpointer, "save", dies_saving_2)
+    with pytest.raises(KeyboardInterrupt):
+        runner.train(c, w, run=run)
+    monkeypatch.undo()
+    assert sorted(dataset_lib.epochs(w)) == [1, 2]
+    before = list(datasets.episodes(w, [2]))
+    info = os.path.join(dataset_lib.epoch_dir(w, 2), "dataset_info.json")
+    inode = os.stat(info).st_ino
+    runner.train(c, w, run=run)  # resumes from checkpoint 1 and writes epoch 2 again
+    assert sorted(dataset_lib.epochs(w)) == [1, 2] and os.stat(info).st_ino != inode
+    assert os.listdir(os.path.dirname(dataset_lib.epoch_dir(w, 2))) == ["1.0.0"]
+    eps = list(datasets.episodes(w))
+    assert _same([e for e in eps if e["epoch"] == 2], before)  # the same epoch, once
+
+    metrics, samples = _jsonl(f"{w}/metrics.jsonl"), _jsonl(f"{w}/samples.jsonl")
+    feeds = _jsonl(f"{w}/feed.jsonl")
     tok = run.setup.tokenizer
-    assert mismatches(eps, metrics, samples, feeds, tok) == []
-    # the comparison is not trivial: rewards vary, posts drew likes, each epoch has its feed
+    assert [m["epoch"] for m in metrics] == [1, 2] and mismatches(
+        eps, metrics, samples, feeds, tok) == []
+    # the comparison is not trivial: rewards vary, posts drew likes, log-probs were recorded
     assert np.std([s["reward"] for ep in eps for s in ep["steps"]]) > 0
     assert any(s["engagement"]["like"] > 0 for ep in eps for s in ep["steps"])
     assert all(ep["steps"][0]["is_first"] and ep["steps"][-1]["is_last"] for ep in eps)
@@ -118,39 +140,17 @@ def test_dataset_is_the_runs_steps_and_a_killed_run_resumes_to_the_same(tmp_path
             bad[0]["steps"].pop()
         assert mismatches(bad, metrics, samples, feeds, tok), broken
     # Preference pairs and SFT rows, by their definitions.
-    pairs = datasets.preference_pairs(str(straight))
+    pairs = datasets.preference_pairs(w)
     assert pairs and all(p["chosen_likes"] > p["rejected_likes"] for p in pairs)
-    rows = datasets.sft_rows(str(straight), min_likes=1)
+    rows = datasets.sft_rows(w, min_likes=1)
     assert rows and all(r["likes"] >= 1 for r in rows)
     assert len(rows) == sum(1 for ep in eps for s in datasets._posts(ep)
                             if s["engagement"]["like"] >= 1)
     # TFDS's own reader of one epoch: its description is the run's config.
     import tensorflow_datasets as tfds
-    builder = tfds.builder_from_directory(dataset_lib.epoch_dir(str(straight), 2))
+    builder = tfds.builder_from_directory(dataset_lib.epoch_dir(w, 2))
     assert json.loads(builder.info.description)["train"]["dataset"] is True
     assert builder.info.splits["train"].num_examples == sum(ep["epoch"] == 2 for ep in eps)
-
-    # What kill -9 during epoch 2's checkpoint leaves: epoch 2's dataset complete, its
-    # checkpoint not, and a half-written dataset directory beside it.
-    real = checkpointing.Checkpointer.save
-
-    def dies_saving_2(self, step, tree, meta):
-        if step == 2:
-            os.makedirs(os.path.join(dataset_lib.epoch_dir(str(killed), 2), os.pardir,
-                                     "incomplete.x1_1.0.0"))
-            raise KeyboardInterrupt("killed")
-        return real(self, step, tree, meta)
-    monkeypatch.setattr(checkpointing.Checkpointer, "save", dies_saving_2)
-    with pytest.raises(KeyboardInterrupt):
-        runner.train(c, str(killed), run=run)
-    monkeypatch.undo()
-    assert sorted(dataset_lib.epochs(str(killed))) == [1, 2]
-    runner.train(c, str(killed), run=run)  # resumes from checkpoint 1, writes epoch 2 again
-    again = list(datasets.episodes(str(killed)))
-    assert [(e["epoch"], e["agent"]) for e in again] == [(e["epoch"], e["agent"]) for e in eps]
-    assert _same(again, eps)
-    assert not any("incomplete" in d for d in os.listdir(
-        os.path.dirname(dataset_lib.epoch_dir(str(killed), 2))))
 
 
 def _same(a, b) -> bool:

@@ -5,17 +5,15 @@ search box and sorting in the browser. The pages of real runs are checked where 
 made (tests/test_cohorts.py, tests/test_study.py)."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from browser import launched, opened, page_problems, require_browser
+from conftest import load_launcher
 from scipy import stats
 
 from jaxsocial.train import report_page
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_SECTIONS = ("numbers", "drift", "feed", "actions", "cohorts", "cascades")
 HOSTILE = "<script>document.title='owned'</script></table>"
 
@@ -72,7 +70,8 @@ def test_band_is_the_t_interval_over_seeds_per_epoch():
     assert np.allclose(one[0], curves[0]) and np.isnan(one[1]).all() and np.isnan(one[2]).all()
 
 
-def test_run_page_draws_every_section_offline_and_a_broken_page_is_caught(run_dir):
+def test_run_page_draws_every_section_offline_searches_and_a_broken_page_is_caught(
+        run_dir):
     require_browser()
     path = report_page.write(str(run_dir))
     assert path == str(run_dir / "report.html")
@@ -88,6 +87,21 @@ def test_run_page_draws_every_section_offline_and_a_broken_page_is_caught(run_di
     }
     with launched() as browser:
         assert page_problems(path, RUN_SECTIONS, browser) == []
+        with opened(path, browser) as (page, problems):  # the feed's search box and sorting
+            rows = "#feed-last tbody tr"
+            assert page.locator(rows).count() == 13
+            page.fill("input[data-table='feed-last']", "number 1")  # 1, 10, 11
+            assert page.locator(rows + ":visible").count() == 3
+            page.fill("input[data-table='feed-last']", "")
+            likes = "els => els.map(e => +e.cells[0].textContent)"
+            assert page.eval_on_selector_all(rows, likes)[0] == 9  # most liked first
+            page.click("#feed-last th:has-text('likes')")  # ascending
+            got = page.eval_on_selector_all(rows, likes)
+            assert got == sorted(got) and got[0] < got[-1]
+            page.click("#feed-last th:has-text('likes')")  # descending again
+            got = page.eval_on_selector_all(rows, likes)
+            assert got == sorted(got, reverse=True)
+            assert problems == []
         for reason, page_text in broken.items():
             bad = run_dir / f"broken-{len(reason)}.html"
             bad.write_text(page_text, encoding="utf-8")
@@ -95,27 +109,7 @@ def test_run_page_draws_every_section_offline_and_a_broken_page_is_caught(run_di
             assert any(reason in p for p in problems), (reason, problems)
 
 
-def test_feed_searches_and_sorts_in_the_browser(run_dir):
-    require_browser()
-    path = report_page.write(str(run_dir))
-    with opened(path) as (page, problems):
-        rows = "#feed-last tbody tr"
-        assert page.locator(rows).count() == 13
-        page.fill("input[data-table='feed-last']", "number 1")  # 1, 10, 11
-        assert page.locator(rows + ":visible").count() == 3
-        page.fill("input[data-table='feed-last']", "")
-        likes = "els => els.map(e => +e.cells[0].textContent)"
-        assert page.eval_on_selector_all(rows, likes)[0] == 9  # most liked first
-        page.click("#feed-last th:has-text('likes')")  # ascending
-        got = page.eval_on_selector_all(rows, likes)
-        assert got == sorted(got) and got[0] < got[-1]
-        page.click("#feed-last th:has-text('likes')")  # descending again
-        got = page.eval_on_selector_all(rows, likes)
-        assert got == sorted(got, reverse=True)
-        assert problems == []
-
-
-def test_study_page_and_the_command_line(tmp_path, run_dir):
+def test_study_page_and_the_command_line(tmp_path, run_dir, capsys):
     require_browser()
     seeds = {"0": [1.0, 2.0, 3.0], "1": [2.0, 2.5, 5.0]}
     study = {"level": 0.95, "metrics": ["avg_likes_per_post"], "runs": {
@@ -128,15 +122,16 @@ def test_study_page_and_the_command_line(tmp_path, run_dir):
     (work / "study.md").write_text("# Study\n\n| arm | likes/post |\n|---|---:|\n"
                                    "| trained | 1.50 -> 3.33 |\n")
     report_page.write(str(run_dir))
-    p = subprocess.run([sys.executable, "launch/report.py", str(work)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0 and p.stdout.strip() == str(work / "report.html"), p.stderr
+    cli = load_launcher("launch/report.py")
+    assert cli.main(["report.py", str(work)]) == 0
+    assert capsys.readouterr().out == str(work / "report.html") + "\n"
     assert page_problems(str(work / "report.html"), ("curves", "table", "runs")) == []
     text = (work / "report.html").read_text()
     assert "<td>1.50 -&gt; 3.33</td>" in text and "trained (n=2)" in text
     assert "fill\":\"tonexty" in text  # two seeds: a band
     assert os.path.relpath(run_dir / "report.html", work) in text  # the run's own page
-    bad = subprocess.run([sys.executable, "launch/report.py", str(tmp_path / "nothing")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 1 and bad.stderr.count("\n") == 1
-    assert bad.stderr.startswith(f"error: {tmp_path / 'nothing'}: neither a run directory")
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["report.py", str(tmp_path / "nothing")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and err.count("\n") == 1
+    assert err.startswith(f"error: {tmp_path / 'nothing'}: neither a run directory")
