@@ -135,3 +135,23 @@ def test_study_page_and_the_command_line(tmp_path, run_dir, capsys):
     err = capsys.readouterr().err
     assert exit_.value.code == 1 and err.count("\n") == 1
     assert err.startswith(f"error: {tmp_path / 'nothing'}: neither a run directory")
+
+
+def test_the_feed_is_read_first_and_last_and_a_failing_page_does_not_stop_a_run(
+        tmp_path, monkeypatch):
+    path = tmp_path / "feed.jsonl"
+    rows = [json.dumps({"epoch": e, "posts": []}) for e in (1, 2, 3)]
+    path.write_text(rows[0] + "\n")
+    assert [r["epoch"] for r in report_page._first_and_last(str(path))] == [1, 1]
+    path.write_text("\n".join(rows) + "\n" + '{"epoch": 4, "po')  # a torn last line
+    assert [r["epoch"] for r in report_page._first_and_last(str(path))] == [1, 3]
+    assert report_page._first_and_last(str(tmp_path / "none.jsonl")) == []
+    # A page that cannot be written is a warning; the run goes on (runner._write_report).
+    from absl import logging as absl_logging
+
+    from jaxsocial.train import runner
+    said = []
+    monkeypatch.setattr(absl_logging, "warning", lambda msg, *a: said.append(msg % a))
+    monkeypatch.setattr(report_page, "write", lambda w: 1 / 0)
+    assert runner._write_report(str(tmp_path)) is None
+    assert said == ["report.html not written: ZeroDivisionError: division by zero"]

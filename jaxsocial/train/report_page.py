@@ -164,8 +164,7 @@ def run_page(workdir: str) -> str:
     """The page of a run directory (see the module docstring)."""
     records = sorted({int(r["epoch"]): r for r in read_jsonl(
         os.path.join(workdir, "metrics.jsonl"))}.values(), key=lambda r: r["epoch"])
-    feed_path = os.path.join(workdir, "feed.jsonl")
-    feeds = read_jsonl(feed_path) if os.path.exists(feed_path) else []
+    feeds = _first_and_last(os.path.join(workdir, "feed.jsonl"))
     title = f"jaxsocial run: {os.path.basename(os.path.abspath(workdir))}"
     if not records:
         return _page(title, [_section("empty", "No epoch yet",
@@ -194,6 +193,26 @@ def run_page(workdir: str) -> str:
                              "node's subtree), the CCDF of cascade sizes, and the follow "
                              "graph's polarisation measures."))
     return _page(title, sections)
+
+
+def _first_and_last(path: str) -> List[Dict[str, Any]]:
+    """The first and the last readable record of a JSONL file ([] if none): feed.jsonl grows
+    by up to train.text_metrics_posts posts an epoch, and the page shows only those two."""
+    if not os.path.exists(path):
+        return []
+    first, tail = None, []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                first = line if first is None else first
+                tail = (tail + [line])[-2:]  # the last may be torn (a killed run)
+    records = []
+    for line in [first] + tail[::-1] if first is not None else []:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return [records[0], records[1]] if len(records) > 1 else records
 
 
 def _blog_charts(records, epochs, cohorts) -> str:
@@ -243,7 +262,8 @@ def _feeds(feeds: List[Dict[str, Any]]) -> str:
         return "<p>no feed.jsonl in this run directory</p>"
     first, last = feeds[0], feeds[-1]
     return ("<div class='wide'><div>" + _feed_table("feed-first", first) + "</div><div>"
-            + _feed_table("feed-last", last if last is not first else None) + "</div></div>")
+            + _feed_table("feed-last", last if last["epoch"] != first["epoch"] else None)
+            + "</div></div>")
 
 
 def _action_charts(records, epochs) -> str:

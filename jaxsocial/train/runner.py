@@ -355,7 +355,7 @@ def _epoch_loop(config, workdir: str, run, state, epoch: int, ckpt, guard, histo
                 writer.write(epoch, metrics)
                 writer.write_samples(samples)
                 writer.write_feed(epoch, feed)
-                report_page.write(workdir)  # watchable while the run goes
+                _write_report(workdir)  # watchable while the run goes
                 if episodes is not None:  # before the checkpoint: a resume redoes what follows
                     dataset.write_epoch(workdir, epoch, episodes, config.to_json_best_effort())
             _interviews(config, workdir, run, state, epoch, lead)
@@ -390,6 +390,16 @@ def _interviews(config, workdir: str, run, state, epoch: int, lead: bool) -> Non
             answers = host.interview(run.setup, state, question)
             if lead:
                 _append_jsonl(os.path.join(workdir, "interviews.jsonl"), answers)
+
+
+def _write_report(workdir: str) -> Optional[str]:
+    """report.html (`report_page.write`); a page that cannot be written is a warning, not the
+    end of the run (the run's own records are complete without it)."""
+    try:
+        return report_page.write(workdir)
+    except Exception as e:  # noqa: BLE001  any failure of the page, never of the run
+        logging.warning("report.html not written: %s: %s", type(e).__name__, e)
+        return None
 
 
 def _history_entry(record: Dict[str, Any], epoch: int) -> Dict[str, Any]:
@@ -435,7 +445,7 @@ def _finish(config, workdir: str, run, state, history: list, epoch: int, lead: b
         summary["interviews"] = {"first": interviews[min(interviews)],
                                  "last": interviews[max(interviews)]}
     if lead:
-        summary["report"] = report_page.write(workdir)
+        summary["report"] = _write_report(workdir)
         _write_text_atomic(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=2))
         _write_text_atomic(os.path.join(workdir, "summary.md"), report.summary_markdown(
             summary, f"Social-RL run: {config.name}"))
