@@ -99,7 +99,7 @@ def main():
         for e, path in dataset_lib.epochs(d).items():
             eps = list(datasets.episodes(d, [e]))
             steps = [s for ep in eps for s in ep["steps"]]
-            mine = [(ep["seed"], s) for ep in eps for s in datasets._posts(ep)]
+            mine = [(ep["seed"], s) for ep in eps for s in datasets.post_steps(ep)]
             posts += [(seed, e, s["action"]["text"].split(":", 1)[-1].strip(),
                        s["engagement"]["like"]) for seed, s in mine]
             runs.append({"run": os.path.relpath(d, ROOT), "epoch": e, "episodes": len(eps),

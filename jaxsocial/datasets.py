@@ -59,7 +59,8 @@ def episodes(workdir: str, epochs: Optional[Sequence[int]] = None) -> Iterator[D
             yield out
 
 
-def _posts(ep: Dict[str, Any]) -> List[Dict[str, Any]]:
+def post_steps(ep: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The steps of an episode (`episodes`) that created a post (create_post / quote_post)."""
     return [s for s in ep["steps"] if s["action"]["type"] in POST_TYPES
             and s["action"]["created_id"] >= 0]
 
@@ -73,7 +74,7 @@ def preference_pairs(workdir: str, epochs: Optional[Sequence[int]] = None
     chosen one's)."""
     out = []
     for ep in episodes(workdir, epochs):
-        posts = _posts(ep)
+        posts = post_steps(ep)
         if len(posts) < 2:
             continue
         likes = [s["engagement"]["like"] for s in posts]
@@ -96,5 +97,5 @@ def sft_rows(workdir: str, min_likes: int = 1, epochs: Optional[Sequence[int]] =
     "epoch", "prompt", "completion", "likes"}."""
     return [{"agent": ep["agent"], "epoch": ep["epoch"], "prompt": s["observation"]["prompt"],
              "completion": s["action"]["text"], "likes": s["engagement"]["like"]}
-            for ep in episodes(workdir, epochs) for s in _posts(ep)
+            for ep in episodes(workdir, epochs) for s in post_steps(ep)
             if s["engagement"]["like"] >= min_likes]

@@ -144,7 +144,7 @@ def test_dataset_is_the_runs_steps_and_a_killed_run_resumes_to_the_same(tmp_path
     assert pairs and all(p["chosen_likes"] > p["rejected_likes"] for p in pairs)
     rows = datasets.sft_rows(w, min_likes=1)
     assert rows and all(r["likes"] >= 1 for r in rows)
-    assert len(rows) == sum(1 for ep in eps for s in datasets._posts(ep)
+    assert len(rows) == sum(1 for ep in eps for s in datasets.post_steps(ep)
                             if s["engagement"]["like"] >= 1)
     # TFDS's own reader of one epoch: its description is the run's config.
     import tensorflow_datasets as tfds

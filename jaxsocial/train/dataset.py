@@ -116,7 +116,6 @@ def episodes(setup, view, epoch: int) -> List[tuple]:
                                 for j in range(b)], skip_special_tokens=True)
     answers = tok.batch_decode([a_ids[i, j][a_mask[i, j]].tolist() for i in range(t)
                                 for j in range(b)], skip_special_tokens=True)
-    names = {int(k): k.name.lower() for k in ActionType}
     cohort_of = (np.asarray(setup.cohorts.agent_cohort) if setup.cohorts is not None else None)
     ticks = np.asarray(ro.tick)
     by_agent: Dict[int, List[Dict[str, Any]]] = {}
@@ -129,8 +128,8 @@ def episodes(setup, view, epoch: int) -> List[tuple]:
                     "prompt_length": int(p_mask[i, j].sum()), "tick": int(ticks[i])},
                 "action": {"text": answers[k], "ids": np.where(a_mask[i, j], a_ids[i, j], 0)
                            .astype(np.int32), "length": int(a_mask[i, j].sum()),
-                           "logprobs": logp[i, j], "type": names.get(int(ro.action_type[i, j]),
-                                                                     "malformed"),
+                           "logprobs": logp[i, j],
+                           "type": ActionType(int(ro.action_type[i, j])).name.lower(),
                            "parsed": bool(ro.parsed[i, j]), "target": int(ro.target[i, j]),
                            "target_author": int(ro.target_author[i, j]),
                            "created_id": int(ro.created_id[i, j])},
